@@ -1,0 +1,38 @@
+"""ASGI entry point: the MCP endpoint goes to the Channels consumer, the rest to Django.
+
+``daphne mcptasks.asgi:application`` serves it; any number of such processes may share one
+PostgreSQL and one Redis.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mcptasks.settings")
+
+from django.core.asgi import get_asgi_application  # noqa: E402
+
+django_asgi = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.urls import re_path  # noqa: E402
+
+from mcptasks import conf  # noqa: E402
+from mcptasks.runtime import EmbeddedRuntime  # noqa: E402
+from mcptasks.transport.consumer import McpConsumer  # noqa: E402
+
+_mcp_path = conf.get().MCP_PATH.strip("/")
+
+router = ProtocolTypeRouter(
+    {
+        "http": URLRouter(
+            [
+                re_path(rf"^{_mcp_path}/?$", McpConsumer.as_asgi()),
+                re_path(r"", django_asgi),
+            ]
+        ),
+    }
+)
+
+#: Starts the embedded worker and periodic cleanup on the first request when configured.
+application = EmbeddedRuntime(router)

@@ -1,0 +1,125 @@
+"""Cross-process signalling over the channel layer, and the SSE event store.
+
+Two kinds of traffic:
+
+* **Stream events** (``publish``): a JSON-RPC message meant for exactly one SSE stream of a
+  session. It is stored (``StreamEvent``) for replay with ``Last-Event-ID`` and sent to the
+  stream's group, which holds at most one live HTTP connection.
+* **Signals** (``signal_task``, ``wake_workers``, ``signal_session``): small wake-ups with no
+  payload worth storing; receivers re-read the database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import secrets
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+
+from .models import StreamEvent
+
+logger = logging.getLogger(__name__)
+
+WORKERS_GROUP = "mcpt.workers"
+
+
+def _safe(key: str) -> str:
+    # Group names allow only [A-Za-z0-9._-] and < 100 chars: hash anything client-controlled.
+    return hashlib.sha256(key.encode()).hexdigest()[:40]
+
+
+def stream_group(stream_id: str) -> str:
+    """Group of the (single) connection serving ``stream_id``."""
+    return f"mcpt.stream.{_safe(stream_id)}"
+
+
+def task_group(task_id: str) -> str:
+    """Group of everyone waiting on a task: result waiters, the worker running it."""
+    return f"mcpt.task.{_safe(task_id)}"
+
+
+def session_group(session_id: str) -> str:
+    """Group of every open stream of a session (closed on DELETE)."""
+    return f"mcpt.session.{_safe(session_id)}"
+
+
+def new_stream_id(prefix: str) -> str:
+    """A fresh stream id: ``p`` POST, ``r`` tasks/result; GET streams use :func:`get_stream_id`."""
+    return prefix + secrets.token_hex(8)
+
+
+def get_stream_id(session_id: str) -> str:
+    """The id of a session's standalone GET stream (stable for the session's life)."""
+    return "g" + _safe("get:" + session_id)[:16]
+
+
+def parse_event_id(event_id: str) -> tuple[str, int] | None:
+    """Split an SSE event id into (stream id, sequence); None if malformed."""
+    stream, _, seq = event_id.rpartition(".")
+    if not stream or not seq.isdigit() or len(stream) > 64:
+        return None
+    return stream, int(seq)
+
+
+def _layer_send(group: str, message: dict[str, Any]) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(group, message)
+    except Exception:
+        # A lost wake-up is recovered by the periodic re-checks; never fail the write for it.
+        logger.warning("channel layer send to %s failed", group, exc_info=True)
+
+
+async def _alayer_send(group: str, message: dict[str, Any]) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        await layer.group_send(group, message)
+    except Exception:
+        logger.warning("channel layer send to %s failed", group, exc_info=True)
+
+
+def publish(*, session_id: str, stream_id: str, message: dict[str, Any]) -> str:
+    """Store ``message`` as the next event of ``stream_id`` and push it to its connection.
+
+    Returns the SSE event id. Synchronous (database write); call from a thread in async code.
+    """
+    data = json.dumps(message, separators=(",", ":"))
+    event = StreamEvent.objects.create(session_id=session_id, stream_id=stream_id, data=data)
+    _layer_send(
+        stream_group(stream_id),
+        {"type": "stream.event", "event_id": event.event_id, "seq": event.id, "data": data},
+    )
+    return event.event_id
+
+
+def signal_task(task_id: str, event: str, **extra: Any) -> None:
+    """Wake whoever waits on a task (``event``: changed, message, answer, cancel)."""
+    _layer_send(task_group(task_id), {"type": "task.signal", "task_id": task_id, "event": event, **extra})
+
+
+async def asignal_task(task_id: str, event: str, **extra: Any) -> None:
+    """Async :func:`signal_task`."""
+    await _alayer_send(task_group(task_id), {"type": "task.signal", "task_id": task_id, "event": event, **extra})
+
+
+def wake_workers() -> None:
+    """Tell idle workers that a task is waiting to be claimed."""
+    _layer_send(WORKERS_GROUP, {"type": "worker.wake"})
+
+
+def signal_session(session_id: str, event: str) -> None:
+    """Tell every stream of a session something (``ended``)."""
+    _layer_send(session_group(session_id), {"type": "session.signal", "event": event})
+
+
+def takeover(stream_id: str) -> None:
+    """Ask the connection currently serving ``stream_id`` to close: a newer one replaces it."""
+    _layer_send(stream_group(stream_id), {"type": "stream.takeover", "token": ""})

@@ -1,0 +1,84 @@
+"""Demo tools: one per behaviour a client wants to try (sleep, fail, crash, progress, ask, sample)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from mcptasks.registry import SyncToolContext, ToolContext, ToolResult, text, tool
+
+
+@tool(
+    title="Sleep",
+    task_support="optional",
+    retryable=True,
+    annotations={"readOnlyHint": True, "idempotentHint": True},
+    immediate_response="The sleep has started; its result will be available from the task.",
+)
+async def demo_sleep(ms: int = 1000, ctx: ToolContext | None = None) -> str:
+    """Sleep for `ms` milliseconds, then say so. Cancellable at any moment."""
+    await asyncio.sleep(max(ms, 0) / 1000)
+    return f"Slept for {ms} ms"
+
+
+@tool(title="Fail", task_support="optional", annotations={"readOnlyHint": True})
+async def demo_fail(message: str = "demo failure") -> ToolResult:
+    """Return a tool result with isError: true carrying `message`."""
+    return ToolResult(content=[text(message)], is_error=True)
+
+
+@tool(title="Crash", task_support="optional")
+async def demo_crash(message: str = "demo crash") -> str:
+    """Raise an exception with `message` (the task fails with a diagnostic)."""
+    raise RuntimeError(message)
+
+
+@tool(title="Progress", task_support="optional", annotations={"readOnlyHint": True})
+async def demo_progress(steps: int = 5, interval_ms: int = 200, ctx: ToolContext | None = None) -> str:
+    """Report progress `steps` times, `interval_ms` apart, and update the task's status message."""
+    assert ctx is not None
+    for i in range(1, steps + 1):
+        await asyncio.sleep(max(interval_ms, 0) / 1000)
+        await ctx.report_progress(i, steps, f"step {i} of {steps}")
+        await ctx.set_status_message(f"step {i} of {steps}")
+    return f"Completed {steps} steps"
+
+
+@tool(title="Ask", task_support="required")
+async def demo_ask(question: str, ctx: ToolContext) -> str:
+    """Ask the user `question` through elicitation and return the answer."""
+    answer = await ctx.elicit(
+        question,
+        {"type": "object", "properties": {"answer": {"type": "string", "description": question}},
+         "required": ["answer"]},
+    )
+    if answer.get("action") != "accept":
+        return f"The user chose to {answer.get('action', 'cancel')}"
+    return str((answer.get("content") or {}).get("answer", ""))
+
+
+@tool(title="Sample", task_support="required")
+async def demo_sample(prompt: str, ctx: ToolContext) -> str:
+    """Ask the client's model to answer `prompt` and return its text."""
+    result = await ctx.sample(prompt, max_tokens=200)
+    content = result.get("content") or {}
+    if isinstance(content, list):
+        content = content[0] if content else {}
+    return str(content.get("text", ""))
+
+
+@tool(title="Quick", task_support="forbidden", annotations={"readOnlyHint": True})
+async def demo_quick() -> str:
+    """Return at once (never runs as a task)."""
+    return "quick"
+
+
+@tool(title="Sync sleep", task_support="optional", retryable=False)
+def demo_sync_sleep(ms: int = 1000, ctx: SyncToolContext | None = None) -> str:
+    """A synchronous tool: sleeps in small steps, checking for cancellation."""
+    assert ctx is not None
+    deadline = time.monotonic() + max(ms, 0) / 1000
+    while time.monotonic() < deadline:
+        ctx.check_cancelled()
+        time.sleep(0.02)
+    return f"Slept for {ms} ms (sync)"

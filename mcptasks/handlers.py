@@ -1,0 +1,379 @@
+"""MCP method handlers: the dispatch table of this server.
+
+Each handler receives a :class:`RequestContext` and validated params, talks to services and
+selectors (in a thread, they use the ORM) and returns the result dict, or a
+:class:`StreamReply` when the answer will arrive later on an SSE stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.core import signing
+
+from tenants.auth import AuthContext
+
+from . import conf, selectors, services
+from .models import McpSession, Task
+from .protocol import versions
+from .protocol.dispatch import Dispatcher
+from .protocol.errors import INVALID_PARAMS, METHOD_NOT_FOUND, RESOURCE_NOT_FOUND, McpError, invalid_params
+from .protocol.messages import (
+    MODEL_IMMEDIATE_RESPONSE,
+    CallToolParams,
+    CompleteParams,
+    EmptyParams,
+    GetPromptParams,
+    InitializeParams,
+    PaginatedParams,
+    ReadResourceParams,
+    SetLevelParams,
+    TaskIdParams,
+)
+from .registry import Registry, ToolInputError, registry
+
+SERVER_NAME = "mcptasks"
+SERVER_VERSION = "0.1.0"
+INSTRUCTIONS = (
+    "mcptasks hosts tools that can run as durable MCP tasks. Tools whose execution.taskSupport is "
+    "'optional' or 'required' may be called with a `task` parameter; poll tasks/get at the returned "
+    "pollInterval and fetch the outcome with tasks/result."
+)
+
+
+@dataclass
+class StreamReply:
+    """The handler's answer will come on an SSE stream (plain tools/call or blocking tasks/result)."""
+
+    stream_id: str
+    task: Task
+    mode: str  # "request" | "task_result"
+
+
+@dataclass
+class RequestContext:
+    """Everything a handler may need about the request being served."""
+
+    auth: AuthContext
+    session: McpSession | None
+    protocol_version: str
+    request_id: str | int
+    open_stream: Callable[[str], Awaitable[str]]
+    registry: Registry = field(default_factory=lambda: registry)
+    new_session: McpSession | None = None
+
+
+dispatcher: Dispatcher[RequestContext] = Dispatcher()
+
+
+def _session(ctx: RequestContext) -> McpSession:
+    if ctx.session is None:  # the consumer guarantees this; defensive
+        raise McpError(-32600, "Invalid Request: no session")
+    return ctx.session
+
+
+def server_capabilities(*, protocol_version: str, anonymous: bool) -> dict[str, Any]:
+    """What this server declares to a client of ``protocol_version``."""
+    caps: dict[str, Any] = {
+        "tools": {"listChanged": False},
+        "resources": {"subscribe": True, "listChanged": False},
+        "prompts": {"listChanged": False},
+        "logging": {},
+        "completions": {},
+    }
+    if versions.has_tasks(protocol_version):
+        tasks: dict[str, Any] = {"cancel": {}, "requests": {"tools": {"call": {}}}}
+        if not anonymous:
+            # Without an identity, listing would expose every task to anyone (spec, Security).
+            tasks["list"] = {}
+        caps["tasks"] = tasks
+    return caps
+
+
+@dispatcher.register("initialize", InitializeParams, before_init=True)
+async def initialize(ctx: RequestContext, params: InitializeParams) -> dict[str, Any]:
+    """Open a session and negotiate the protocol revision."""
+    version = versions.negotiate(params.protocolVersion)
+    ctx.new_session = await sync_to_async(services.open_session)(
+        auth=ctx.auth,
+        protocol_version=version,
+        client_info=params.clientInfo.model_dump(mode="json", exclude_none=True),
+        capabilities=params.capabilities,
+    )
+    return {
+        "protocolVersion": version,
+        "capabilities": server_capabilities(protocol_version=version, anonymous=ctx.auth.anonymous),
+        "serverInfo": {"name": SERVER_NAME, "title": "mcptasks", "version": SERVER_VERSION},
+        "instructions": INSTRUCTIONS,
+    }
+
+
+@dispatcher.register("ping", EmptyParams, before_init=True)
+async def ping(ctx: RequestContext, params: EmptyParams) -> dict[str, Any]:
+    """Liveness."""
+    return {}
+
+
+# --- pagination of static lists --------------------------------------------------------------
+
+_LIST_SALT = "mcptasks.list"
+
+
+def _page(items: list[Any], cursor: str | None, size: int, kind: str) -> tuple[list[Any], str | None]:
+    start = 0
+    if cursor is not None:
+        try:
+            data = signing.loads(cursor, salt=_LIST_SALT)
+        except signing.BadSignature:
+            raise invalid_params("Invalid cursor") from None
+        if not isinstance(data, dict) or data.get("k") != kind or not isinstance(data.get("o"), int):
+            raise invalid_params("Invalid cursor")
+        start = data["o"]
+    page = items[start : start + size]
+    nxt = signing.dumps({"k": kind, "o": start + size}, salt=_LIST_SALT) if start + size < len(items) else None
+    return page, nxt
+
+
+# --- tools -----------------------------------------------------------------------------------
+
+
+@dispatcher.register("tools/list", PaginatedParams)
+async def tools_list(ctx: RequestContext, params: PaginatedParams) -> dict[str, Any]:
+    """Tools in name order, paginated."""
+    with_execution = versions.has_tasks(ctx.protocol_version)
+    tools = [t.definition(with_execution=with_execution) for t in ctx.registry.sorted_tools()]
+    page, nxt = _page(tools, params.cursor, conf.get().TOOLS_PAGE_SIZE, "tools")
+    out: dict[str, Any] = {"tools": page}
+    if nxt:
+        out["nextCursor"] = nxt
+    return out
+
+
+@dispatcher.register("tools/call", CallToolParams)
+async def tools_call(ctx: RequestContext, params: CallToolParams) -> dict[str, Any] | StreamReply:
+    """Run a tool: as a task when ``task`` is given (and supported), else as a plain request."""
+    tool = ctx.registry.get_tool(params.name)
+    if tool is None:
+        raise invalid_params(f"Unknown tool: {params.name}")
+    session = _session(ctx)
+    as_task = params.task is not None and versions.has_tasks(ctx.protocol_version)
+    if as_task and tool.task_support == "forbidden":
+        raise McpError(METHOD_NOT_FOUND, f"Tool {tool.name} does not support task-augmented execution")
+    if not as_task and tool.task_support == "required" and versions.has_tasks(ctx.protocol_version):
+        raise McpError(METHOD_NOT_FOUND, f"Tool {tool.name} requires task-augmented execution")
+    try:
+        arguments = tool.validate_arguments(params.arguments)
+    except ToolInputError as exc:
+        if as_task:
+            raise McpError(INVALID_PARAMS, str(exc)) from None
+        return {"content": [{"type": "text", "text": str(exc)}], "isError": True}
+    raw_arguments = params.arguments or {}
+    if as_task:
+        assert params.task is not None
+        task = await sync_to_async(services.create_task)(
+            auth=ctx.auth,
+            session=session,
+            tool=tool,
+            arguments=raw_arguments,
+            request_id=ctx.request_id,
+            progress_token=params.progress_token,
+            kind=Task.Kind.TASK,
+            requested_ttl_ms=params.task.ttl,
+        )
+        result: dict[str, Any] = {"task": task.wire()}
+        if tool.immediate_response:
+            result["_meta"] = {MODEL_IMMEDIATE_RESPONSE: tool.immediate_response}
+        return result
+    del arguments  # validated; the worker re-validates from the stored raw arguments
+    stream_id = await ctx.open_stream("p")
+    task = await sync_to_async(services.create_task)(
+        auth=ctx.auth,
+        session=session,
+        tool=tool,
+        arguments=raw_arguments,
+        request_id=ctx.request_id,
+        progress_token=params.progress_token,
+        kind=Task.Kind.REQUEST,
+        stream_id=stream_id,
+    )
+    return StreamReply(stream_id=stream_id, task=task, mode="request")
+
+
+# --- tasks -----------------------------------------------------------------------------------
+
+
+@dispatcher.register("tasks/get", TaskIdParams)
+async def tasks_get(ctx: RequestContext, params: TaskIdParams) -> dict[str, Any]:
+    """The task's current state."""
+    task = await sync_to_async(selectors.get_task)(auth=ctx.auth, task_id=params.taskId)
+    return task.wire()
+
+
+@dispatcher.register("tasks/result", TaskIdParams)
+async def tasks_result(ctx: RequestContext, params: TaskIdParams) -> dict[str, Any] | StreamReply:
+    """The outcome of a terminal task now; otherwise stream until it is terminal."""
+    task = await sync_to_async(selectors.get_task)(auth=ctx.auth, task_id=params.taskId)
+    if task.is_terminal:
+        result, error = services.task_result_payload(task=task)
+        if error is not None:
+            raise McpError.from_error(error)
+        assert result is not None
+        return result
+    stream_id = await ctx.open_stream("r")
+    return StreamReply(stream_id=stream_id, task=task, mode="task_result")
+
+
+@dispatcher.register("tasks/list", PaginatedParams)
+async def tasks_list(ctx: RequestContext, params: PaginatedParams) -> dict[str, Any]:
+    """The caller's tasks, newest first."""
+    if ctx.auth.anonymous:
+        raise McpError(METHOD_NOT_FOUND, "tasks/list is not offered to anonymous callers")
+    page = await sync_to_async(selectors.list_tasks)(
+        auth=ctx.auth, cursor=params.cursor, page_size=conf.get().TASK_LIST_PAGE_SIZE
+    )
+    out: dict[str, Any] = {"tasks": [t.wire() for t in page.tasks]}
+    if page.next_cursor:
+        out["nextCursor"] = page.next_cursor
+    return out
+
+
+@dispatcher.register("tasks/cancel", TaskIdParams)
+async def tasks_cancel(ctx: RequestContext, params: TaskIdParams) -> dict[str, Any]:
+    """Cancel a non-terminal task."""
+    task = await sync_to_async(services.cancel_task)(auth=ctx.auth, task_id=params.taskId)
+    return task.wire()
+
+
+# --- resources -------------------------------------------------------------------------------
+
+
+@dispatcher.register("resources/list", PaginatedParams)
+async def resources_list(ctx: RequestContext, params: PaginatedParams) -> dict[str, Any]:
+    """Static resources."""
+    items = [r.definition() for _, r in sorted(ctx.registry.resources.items())]
+    page, nxt = _page(items, params.cursor, 100, "resources")
+    out: dict[str, Any] = {"resources": page}
+    if nxt:
+        out["nextCursor"] = nxt
+    return out
+
+
+@dispatcher.register("resources/templates/list", PaginatedParams)
+async def resource_templates_list(ctx: RequestContext, params: PaginatedParams) -> dict[str, Any]:
+    """Resource templates."""
+    items = [t.definition() for _, t in sorted(ctx.registry.templates.items())]
+    page, nxt = _page(items, params.cursor, 100, "templates")
+    out: dict[str, Any] = {"resourceTemplates": page}
+    if nxt:
+        out["nextCursor"] = nxt
+    return out
+
+
+@dispatcher.register("resources/read", ReadResourceParams)
+async def resources_read(ctx: RequestContext, params: ReadResourceParams) -> dict[str, Any]:
+    """Read a static resource or one matching a template."""
+    res = ctx.registry.resources.get(params.uri)
+    if res is not None:
+        return {"contents": await res.read(params.uri)}
+    for template in ctx.registry.templates.values():
+        variables = template.match(params.uri)
+        if variables is not None:
+            return {"contents": await template.read(params.uri, variables)}
+    raise McpError(RESOURCE_NOT_FOUND, "Resource not found", {"uri": params.uri})
+
+
+@dispatcher.register("resources/subscribe", ReadResourceParams)
+async def resources_subscribe(ctx: RequestContext, params: ReadResourceParams) -> dict[str, Any]:
+    """Remember the subscription (resources here do not change, so no update is ever sent)."""
+    await sync_to_async(services.set_subscription)(session=_session(ctx), uri=params.uri, subscribed=True)
+    return {}
+
+
+@dispatcher.register("resources/unsubscribe", ReadResourceParams)
+async def resources_unsubscribe(ctx: RequestContext, params: ReadResourceParams) -> dict[str, Any]:
+    """Forget the subscription."""
+    await sync_to_async(services.set_subscription)(session=_session(ctx), uri=params.uri, subscribed=False)
+    return {}
+
+
+# --- prompts and completion ------------------------------------------------------------------
+
+
+@dispatcher.register("prompts/list", PaginatedParams)
+async def prompts_list(ctx: RequestContext, params: PaginatedParams) -> dict[str, Any]:
+    """Prompts in name order."""
+    items = [p.definition() for _, p in sorted(ctx.registry.prompts.items())]
+    page, nxt = _page(items, params.cursor, 100, "prompts")
+    out: dict[str, Any] = {"prompts": page}
+    if nxt:
+        out["nextCursor"] = nxt
+    return out
+
+
+@dispatcher.register("prompts/get", GetPromptParams)
+async def prompts_get(ctx: RequestContext, params: GetPromptParams) -> dict[str, Any]:
+    """Render a prompt."""
+    prompt = ctx.registry.prompts.get(params.name)
+    if prompt is None:
+        raise invalid_params(f"Unknown prompt: {params.name}")
+    args = params.arguments or {}
+    missing = [a["name"] for a in prompt.arguments if a.get("required") and a["name"] not in args]
+    if missing:
+        raise invalid_params(f"Missing required arguments: {', '.join(missing)}")
+    known = {a["name"] for a in prompt.arguments}
+    unknown = sorted(set(args) - known)
+    if unknown:
+        raise invalid_params(f"Unknown arguments: {', '.join(unknown)}")
+    return await prompt.render(args)
+
+
+@dispatcher.register("completion/complete", CompleteParams)
+async def completion_complete(ctx: RequestContext, params: CompleteParams) -> dict[str, Any]:
+    """Argument completion for prompts and resource templates."""
+    completer = None
+    if params.ref.type == "ref/prompt":
+        prompt = ctx.registry.prompts.get(params.ref.name or "")
+        if prompt is None:
+            raise invalid_params(f"Unknown prompt: {params.ref.name}")
+        completer = prompt.complete.get(params.argument.name)
+    else:
+        template = ctx.registry.templates.get(params.ref.uri or "")
+        if template is None:
+            raise invalid_params(f"Unknown resource template: {params.ref.uri}")
+        completer = template.complete.get(params.argument.name)
+    values = completer(params.argument.value) if completer else []
+    return {"completion": {"values": values[:100], "total": len(values), "hasMore": len(values) > 100}}
+
+
+@dispatcher.register("logging/setLevel", SetLevelParams)
+async def logging_set_level(ctx: RequestContext, params: SetLevelParams) -> dict[str, Any]:
+    """Set the minimum level of ``notifications/message`` for this session."""
+    await sync_to_async(services.set_log_level)(session=_session(ctx), level=params.level)
+    return {}
+
+
+# --- authorization hints for the consumer ---------------------------------------------------
+
+
+def required_scope(method: str, params: dict[str, Any] | None) -> str | None:
+    """The OAuth scope a method needs (None: any valid token)."""
+    if method.startswith("tasks/") or (method == "tools/call" and isinstance(params, dict) and "task" in params):
+        return "mcp:tasks"
+    if method.startswith("tools/"):
+        return "mcp:tools"
+    return None
+
+
+def operation_class(method: str, params: dict[str, Any] | None) -> str:
+    """Rate-limit class of a request: ``create``, ``read`` or ``other``."""
+    if method == "tools/call" and isinstance(params, dict) and "task" in params:
+        return "create"
+    if method in ("tasks/get", "tasks/result", "tasks/list"):
+        return "read"
+    return "other"
+
+
+__all__ = ["INVALID_PARAMS", "StreamReply", "dispatcher"]

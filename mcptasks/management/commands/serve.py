@@ -1,0 +1,31 @@
+"""``manage.py serve``: migrate, make sure a demo tenant exists, and serve everything in one process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandParser
+
+from mcptasks.serving import DevServer
+
+
+class Command(BaseCommand):
+    help = "Migrate and serve the MCP endpoint with an embedded worker (the one-command default)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--no-worker", action="store_true", help="Do not run the embedded worker.")
+        parser.add_argument("--no-migrate", action="store_true")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        if not opts["no_migrate"]:
+            call_command("migrate", interactive=False, verbosity=0)
+        settings.MCPTASKS["EMBEDDED_WORKER"] = not opts["no_worker"]
+        server = DevServer(host=opts["host"], port=opts["port"])
+        for line in server.banner():
+            self.stdout.write(line)
+        self.stdout.flush()
+        server.run()

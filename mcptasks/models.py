@@ -1,0 +1,215 @@
+"""State of the MCP server: sessions, tasks, queued task messages, stream events, workers, audit.
+
+Models hold state and small transition helpers; the rules live in services.py and selectors.py.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from django.db import models
+
+from .protocol.messages import TERMINAL_STATUSES
+from .protocol.messages import TaskStatus as WireStatus
+
+
+def new_session_id() -> str:
+    """256 random bits, URL-safe: visible ASCII only, as the transport requires."""
+    return secrets.token_urlsafe(32)
+
+
+def new_task_id() -> str:
+    """192 random bits from ``secrets``, URL-safe."""
+    return secrets.token_urlsafe(24)
+
+
+class McpSession(models.Model):
+    """One MCP session (``Mcp-Session-Id``); stored so any daphne process can serve it."""
+
+    id = models.CharField(primary_key=True, max_length=64, default=new_session_id, editable=False)
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="mcp_sessions")
+    principal = models.ForeignKey("tenants.Principal", on_delete=models.CASCADE, related_name="mcp_sessions")
+    protocol_version = models.CharField(max_length=16)
+    client_info = models.JSONField(default=dict)
+    client_capabilities = models.JSONField(default=dict)
+    log_level = models.CharField(max_length=16, default="info")
+    subscriptions = models.JSONField(default=list)
+    initialized = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_seen_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "MCP session"
+
+    def __str__(self) -> str:
+        return f"session {self.id[:8]}…"
+
+
+class TaskStatus(models.TextChoices):
+    """Task states (the spec's five)."""
+
+    WORKING = WireStatus.WORKING.value, "working"
+    INPUT_REQUIRED = WireStatus.INPUT_REQUIRED.value, "input required"
+    COMPLETED = WireStatus.COMPLETED.value, "completed"
+    FAILED = WireStatus.FAILED.value, "failed"
+    CANCELLED = WireStatus.CANCELLED.value, "cancelled"
+
+
+TERMINAL = frozenset(s.value for s in TERMINAL_STATUSES)
+
+
+class Task(models.Model):
+    """A durable execution of one request.
+
+    ``kind=task`` rows are MCP Tasks (task-augmented calls). ``kind=request`` rows carry plain
+    ``tools/call`` requests through the same worker pipeline; they are invisible to the
+    ``tasks/*`` methods and are cleaned up shortly after they end.
+    """
+
+    class Kind(models.TextChoices):
+        TASK = "task", "MCP task"
+        REQUEST = "request", "plain request"
+
+    seq = models.BigAutoField(primary_key=True)
+    task_id = models.CharField(max_length=64, unique=True, default=new_task_id, editable=False)
+    kind = models.CharField(max_length=8, choices=Kind.choices, default=Kind.TASK)
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="tasks")
+    principal = models.ForeignKey("tenants.Principal", on_delete=models.CASCADE, related_name="tasks")
+    session_id = models.CharField(max_length=64, db_index=True)
+    status = models.CharField(max_length=16, choices=TaskStatus.choices, default=TaskStatus.WORKING)
+    status_message = models.TextField(null=True, blank=True)
+    # The original request.
+    method = models.CharField(max_length=64, default="tools/call")
+    tool_name = models.CharField(max_length=128, db_index=True)
+    params = models.JSONField(default=dict)
+    request_id = models.JSONField(null=True)
+    progress_token = models.JSONField(null=True)
+    # Outcome: exactly one of result / error once terminal (neither when cancelled).
+    result = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    ttl_ms = models.BigIntegerField(null=True, blank=True)
+    poll_interval_ms = models.IntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(db_index=True)
+    last_updated_at = models.DateTimeField()
+    expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    # Execution bookkeeping.
+    attempt = models.IntegerField(default=0)
+    max_attempts = models.IntegerField(default=1)
+    worker_id = models.CharField(max_length=64, null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    run_after = models.DateTimeField(null=True, blank=True)
+    cancel_requested = models.BooleanField(default=False)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # Where server->client messages go: the POST stream of a plain request, or the
+    # tasks/result stream that is open for a task right now (null: the session's GET stream).
+    stream_id = models.CharField(max_length=64, null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["status", "lease_expires_at"], name="task_claim_idx"),
+            models.Index(fields=["tenant", "principal", "kind", "seq"], name="task_list_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.task_id[:8]}… {self.status}"
+
+    @property
+    def is_terminal(self) -> bool:
+        """Whether the task has reached completed, failed or cancelled."""
+        return self.status in TERMINAL
+
+    def wire(self) -> dict[str, Any]:
+        """The Task object of the protocol."""
+        data: dict[str, Any] = {
+            "taskId": self.task_id,
+            "status": self.status,
+            "createdAt": _iso(self.created_at),
+            "lastUpdatedAt": _iso(self.last_updated_at),
+            "ttl": self.ttl_ms,
+        }
+        if self.status_message:
+            data["statusMessage"] = self.status_message
+        if self.poll_interval_ms is not None:
+            data["pollInterval"] = self.poll_interval_ms
+        return data
+
+
+def _iso(value: Any) -> str:
+    # RFC 3339 with milliseconds and a Z suffix.
+    return str(value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z")
+
+
+class TaskMessage(models.Model):
+    """A server->client request made by a running tool (elicitation, sampling) and its answer."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="messages")
+    # The JSON-RPC id the server used; globally unique so any process can route the answer.
+    rpc_id = models.CharField(max_length=64, unique=True)
+    method = models.CharField(max_length=64)
+    params = models.JSONField(default=dict)
+    response = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    answered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["task", "answered_at"], name="taskmsg_pending_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.rpc_id}"
+
+
+class StreamEvent(models.Model):
+    """An SSE event, kept for a retention window so a reconnecting client can replay its stream."""
+
+    id = models.BigAutoField(primary_key=True)
+    session_id = models.CharField(max_length=64)
+    stream_id = models.CharField(max_length=64)
+    data = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["stream_id", "id"], name="streamevent_replay_idx")]
+
+    @property
+    def event_id(self) -> str:
+        """The SSE ``id``: names the stream so Last-Event-ID finds it."""
+        return f"{self.stream_id}.{self.id}"
+
+
+class WorkerHeartbeat(models.Model):
+    """A live worker process; stale rows show operators which workers died."""
+
+    worker_id = models.CharField(primary_key=True, max_length=64)
+    hostname = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    concurrency = models.IntegerField()
+    running = models.IntegerField(default=0)
+    started_at = models.DateTimeField(auto_now_add=True)
+    last_seen_at = models.DateTimeField(db_index=True)
+    stopping = models.BooleanField(default=False)
+
+    def __str__(self) -> str:
+        return self.worker_id
+
+
+class AuditEvent(models.Model):
+    """An append-only audit record written by the services (hash-chained per tenant)."""
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.SET_NULL, null=True, related_name="+")
+    principal = models.ForeignKey("tenants.Principal", on_delete=models.SET_NULL, null=True, related_name="+")
+    action = models.CharField(max_length=64, db_index=True)
+    task_id = models.CharField(max_length=64, blank=True, db_index=True)
+    data = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    prev_hash = models.CharField(max_length=64, blank=True)
+    hash = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.task_id}"

@@ -1,0 +1,85 @@
+"""A dispatch table from JSON-RPC method to handler.
+
+Handlers are ``async def handler(ctx, params) -> dict``; ``params`` is the validated pydantic
+model registered with the method. ``ctx`` is whatever the transport passes (opaque here).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from .errors import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, McpError
+from .jsonrpc import validation_details
+
+logger = logging.getLogger(__name__)
+
+CtxT = TypeVar("CtxT")
+Handler = Callable[[Any, Any], Awaitable[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Route:
+    """One method: its parameter model and handler."""
+
+    method: str
+    params: type[BaseModel]
+    handler: Handler
+    # Methods a client may call before initialization completes.
+    before_init: bool = False
+
+
+class Dispatcher(Generic[CtxT]):
+    """Maps method names to handlers and turns every failure into an :class:`McpError`."""
+
+    def __init__(self) -> None:
+        self._routes: dict[str, Route] = {}
+
+    def register(
+        self, method: str, params: type[BaseModel], *, before_init: bool = False
+    ) -> Callable[[Handler], Handler]:
+        """Decorator: register ``handler`` for ``method``."""
+
+        def deco(handler: Handler) -> Handler:
+            if method in self._routes:
+                raise ValueError(f"method {method!r} registered twice")
+            self._routes[method] = Route(method, params, handler, before_init)
+            return handler
+
+        return deco
+
+    def route(self, method: str) -> Route | None:
+        """The route for ``method`` or None."""
+        return self._routes.get(method)
+
+    @property
+    def methods(self) -> list[str]:
+        """All registered method names, sorted."""
+        return sorted(self._routes)
+
+    def parse_params(self, method: str, params: dict[str, Any] | None) -> tuple[Route, BaseModel]:
+        """Find the route and validate its params (-32601 / -32602 on failure)."""
+        route = self._routes.get(method)
+        if route is None:
+            raise McpError(METHOD_NOT_FOUND, f"Method not found: {method}")
+        try:
+            model = route.params.model_validate(params or {})
+        except ValidationError as exc:
+            raise McpError(INVALID_PARAMS, f"Invalid params for {method}", validation_details(exc)) from None
+        return route, model
+
+    async def dispatch(self, ctx: CtxT, method: str, params: dict[str, Any] | None) -> dict[str, Any]:
+        """Run the handler for ``method``; any non-McpError exception becomes -32603."""
+        route, model = self.parse_params(method, params)
+        try:
+            return await route.handler(ctx, model)
+        except McpError:
+            raise
+        except Exception:
+            # Logged with the traceback here; the peer only learns that it failed.
+            logger.exception("handler for %s crashed", method)
+            raise McpError(INTERNAL_ERROR, "Internal error") from None

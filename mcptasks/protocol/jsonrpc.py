@@ -1,0 +1,138 @@
+"""JSON-RPC 2.0 message models and the parser that classifies an incoming body."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
+
+from .errors import INVALID_REQUEST, PARSE_ERROR, McpError
+
+RequestId = StrictStr | StrictInt
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    jsonrpc: Literal["2.0"]
+
+
+class JSONRPCRequest(_Message):
+    """A request: expects exactly one response with the same id."""
+
+    id: RequestId
+    method: StrictStr
+    params: dict[str, Any] | None = None
+
+
+class JSONRPCNotification(_Message):
+    """A notification: no id, no response."""
+
+    method: StrictStr
+    params: dict[str, Any] | None = None
+
+
+class JSONRPCResponse(_Message):
+    """A successful response to a request."""
+
+    id: RequestId
+    result: dict[str, Any]
+
+
+class ErrorObject(BaseModel):
+    """The ``error`` member of an error response."""
+
+    model_config = ConfigDict(extra="allow")
+    code: StrictInt
+    message: StrictStr
+    data: Any = None
+
+
+class JSONRPCError(_Message):
+    """An error response; ``id`` is absent only when the request id could not be read."""
+
+    id: RequestId | None = None
+    error: ErrorObject
+
+
+Message = JSONRPCRequest | JSONRPCNotification | JSONRPCResponse | JSONRPCError
+
+
+def loads(body: bytes) -> Any:
+    """Decode a body as UTF-8 JSON, raising -32700 on failure."""
+    try:
+        return json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise McpError(PARSE_ERROR, f"Parse error: {exc}") from None
+
+
+def parse_message(obj: Any) -> Message:
+    """Classify one decoded JSON-RPC message, raising -32600 if it is none of the four kinds."""
+    if isinstance(obj, list):
+        raise McpError(INVALID_REQUEST, "Invalid Request: batches are not supported; send one message per POST")
+    if not isinstance(obj, dict):
+        raise McpError(INVALID_REQUEST, "Invalid Request: a JSON-RPC message must be an object")
+    if obj.get("jsonrpc") != "2.0":
+        raise McpError(INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"')
+    try:
+        if "method" in obj:
+            if "id" in obj:
+                if obj["id"] is None:
+                    raise McpError(INVALID_REQUEST, "Invalid Request: id must be a string or an integer")
+                return JSONRPCRequest.model_validate(obj)
+            return JSONRPCNotification.model_validate(obj)
+        if "result" in obj:
+            return JSONRPCResponse.model_validate(obj)
+        if "error" in obj:
+            return JSONRPCError.model_validate(obj)
+    except ValidationError as exc:
+        raise McpError(INVALID_REQUEST, "Invalid Request", _errors(exc)) from None
+    raise McpError(INVALID_REQUEST, "Invalid Request: not a request, notification or response")
+
+
+def request_id_of(obj: Any) -> str | int | None:
+    """Best-effort id of a malformed message, so its error response can still echo it."""
+    if isinstance(obj, dict):
+        rid = obj.get("id")
+        if isinstance(rid, str | int) and not isinstance(rid, bool):
+            return rid
+    return None
+
+
+def _errors(exc: ValidationError) -> list[dict[str, Any]]:
+    # Only location and message: the raw input may be large or sensitive.
+    return [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()]
+
+
+def validation_details(exc: ValidationError) -> list[dict[str, Any]]:
+    """Public form of pydantic validation errors for a JSON-RPC ``data`` member."""
+    return _errors(exc)
+
+
+def response(rid: str | int, result: dict[str, Any]) -> dict[str, Any]:
+    """Build a success response."""
+    return {"jsonrpc": "2.0", "id": rid, "result": result}
+
+
+def error_response(rid: str | int | None, err: McpError) -> dict[str, Any]:
+    """Build an error response (``id`` omitted when unknown, as the MCP schema wants)."""
+    msg: dict[str, Any] = {"jsonrpc": "2.0", "error": err.to_error()}
+    if rid is not None:
+        msg["id"] = rid
+    return msg
+
+
+def notification(method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Build a notification."""
+    msg: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+    if params is not None:
+        msg["params"] = params
+    return msg
+
+
+def request(rid: str | int, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Build a request."""
+    msg: dict[str, Any] = {"jsonrpc": "2.0", "id": rid, "method": method}
+    if params is not None:
+        msg["params"] = params
+    return msg

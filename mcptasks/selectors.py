@@ -1,0 +1,108 @@
+"""Reads. Every task lookup is scoped to the caller's tenant and principal."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+from django.core import signing
+from django.db.models import Q
+from django.utils import timezone
+
+from tenants.auth import AuthContext
+
+from .models import McpSession, Task, TaskMessage
+from .protocol.errors import TASK_EXPIRED, TASK_NOT_FOUND, McpError, invalid_params
+
+_CURSOR_SALT = "mcptasks.tasks.list"
+
+
+def get_session(*, session_id: str, auth: AuthContext) -> McpSession | None:
+    """A live session owned by the caller, or None (unknown, ended, or someone else's)."""
+    try:
+        session = McpSession.objects.get(pk=session_id)
+    except McpSession.DoesNotExist:
+        return None
+    if session.ended_at is not None:
+        return None
+    if session.principal_id != auth.principal_id or session.tenant_id != auth.tenant_id:
+        # Another principal's session is indistinguishable from a missing one.
+        return None
+    return session
+
+
+def _task_queryset(*, auth: AuthContext) -> Any:
+    qs = Task.objects.filter(tenant_id=auth.tenant_id, kind=Task.Kind.TASK)
+    if not auth.has_scope("mcp:tasks:tenant") or auth.anonymous:
+        qs = qs.filter(principal_id=auth.principal_id)
+    return qs
+
+
+def get_task(*, auth: AuthContext, task_id: str, now: dt.datetime | None = None) -> Task:
+    """The caller's task or -32602 (not found, someone else's, or expired)."""
+    task = _task_queryset(auth=auth).filter(task_id=task_id).first()
+    if task is None:
+        raise McpError(-32602, TASK_NOT_FOUND)
+    if is_expired(task, now=now):
+        raise McpError(-32602, TASK_EXPIRED)
+    return task
+
+
+def is_expired(task: Task, *, now: dt.datetime | None = None) -> bool:
+    """Whether the task's ttl has elapsed (it answers 'expired' until cleanup deletes it)."""
+    return task.expires_at is not None and task.expires_at <= (now or timezone.now())
+
+
+@dataclass(frozen=True)
+class TaskPage:
+    """One page of ``tasks/list``."""
+
+    tasks: list[Task]
+    next_cursor: str | None
+
+
+def list_tasks(*, auth: AuthContext, cursor: str | None, page_size: int) -> TaskPage:
+    """Keyset pagination, newest first, over the caller's unexpired tasks.
+
+    The cursor is the last ``seq`` seen, signed and bound to the principal, so it is opaque and
+    tamper-proof. Rows are ordered by a unique key, so no task appears twice and none that
+    existed when paging started is skipped, however many are created meanwhile.
+    """
+    qs = _task_queryset(auth=auth).filter(Q(expires_at__gt=timezone.now()) | Q(expires_at__isnull=True))
+    if cursor is not None:
+        qs = qs.filter(seq__lt=_decode_cursor(cursor, auth=auth))
+    rows = list(qs.order_by("-seq")[: page_size + 1])
+    next_cursor = None
+    if len(rows) > page_size:
+        rows = rows[:page_size]
+        next_cursor = _encode_cursor(rows[-1].seq, auth=auth)
+    return TaskPage(rows, next_cursor)
+
+
+def _encode_cursor(seq: int, *, auth: AuthContext) -> str:
+    return signing.dumps({"s": seq, "p": auth.principal_id}, salt=_CURSOR_SALT, compress=False)
+
+
+def _decode_cursor(cursor: str, *, auth: AuthContext) -> int:
+    try:
+        data = signing.loads(cursor, salt=_CURSOR_SALT)
+    except signing.BadSignature:
+        raise invalid_params("Invalid cursor") from None
+    if not isinstance(data, dict) or data.get("p") != auth.principal_id or not isinstance(data.get("s"), int):
+        raise invalid_params("Invalid cursor")
+    return int(data["s"])
+
+
+def pending_messages(*, task: Task) -> list[TaskMessage]:
+    """Server->client requests of a task that the client has not answered yet."""
+    return list(TaskMessage.objects.filter(task=task, answered_at__isnull=True).order_by("id"))
+
+
+def task_by_request(*, session_id: str, request_id: Any) -> Task | None:
+    """The plain request of a session with a JSON-RPC id (for notifications/cancelled)."""
+    return (
+        Task.objects.filter(session_id=session_id, kind=Task.Kind.REQUEST, request_id=request_id)
+        .order_by("-seq")
+        .first()
+    )

@@ -1,0 +1,493 @@
+"""Writes: sessions, task creation, the task state machine, task messages, cleanup, audit.
+
+Every function is keyword-only and given the caller's auth context (or a task it already
+resolved through one). State changes are conditional UPDATEs, so concurrent writers on any
+process can never store an illegal transition.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import secrets
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from tenants import quotas
+from tenants.auth import AuthContext
+from tenants.selectors import effective_limits
+
+from . import bus, conf
+from .models import AuditEvent, McpSession, StreamEvent, Task, TaskMessage, TaskStatus, WorkerHeartbeat
+from .protocol.errors import McpError, cannot_cancel_message
+from .protocol.messages import LOG_LEVELS, related_task_meta, sources_for
+from .registry import Tool
+
+logger = logging.getLogger(__name__)
+
+CANCELLED_MESSAGE = "The task was cancelled by request."
+CANCELLED_ERROR = {"code": -32603, "message": "Task was cancelled"}
+
+
+# --- sessions -------------------------------------------------------------------------------
+
+
+def open_session(
+    *, auth: AuthContext, protocol_version: str, client_info: dict[str, Any], capabilities: dict[str, Any]
+) -> McpSession:
+    """Create the session an ``initialize`` opens, bound to the caller's principal."""
+    session = McpSession.objects.create(
+        tenant_id=auth.tenant_id,
+        principal_id=auth.principal_id,
+        protocol_version=protocol_version,
+        client_info=client_info,
+        client_capabilities=capabilities,
+    )
+    record_audit(auth=auth, action="session.open", data={"protocolVersion": protocol_version})
+    return session
+
+
+def mark_initialized(*, session: McpSession) -> None:
+    """``notifications/initialized`` arrived."""
+    McpSession.objects.filter(pk=session.pk).update(initialized=True, last_seen_at=timezone.now())
+
+
+def end_session(*, session: McpSession) -> None:
+    """End a session (HTTP DELETE): later requests with its id get 404, its streams close."""
+    McpSession.objects.filter(pk=session.pk, ended_at__isnull=True).update(ended_at=timezone.now())
+    bus.signal_session(session.pk, "ended")
+
+
+def set_log_level(*, session: McpSession, level: str) -> None:
+    """``logging/setLevel``."""
+    McpSession.objects.filter(pk=session.pk).update(log_level=level)
+
+
+def set_subscription(*, session: McpSession, uri: str, subscribed: bool) -> None:
+    """``resources/subscribe`` and ``resources/unsubscribe``."""
+    subs = [u for u in session.subscriptions if u != uri]
+    if subscribed:
+        subs.append(uri)
+    McpSession.objects.filter(pk=session.pk).update(subscriptions=subs)
+
+
+# --- task creation --------------------------------------------------------------------------
+
+
+def create_task(
+    *,
+    auth: AuthContext,
+    session: McpSession,
+    tool: Tool,
+    arguments: dict[str, Any],
+    request_id: str | int,
+    progress_token: str | int | None,
+    kind: str = Task.Kind.TASK,
+    requested_ttl_ms: int | None = None,
+    stream_id: str | None = None,
+) -> Task:
+    """Create a task (or plain request) row and wake a worker once it is committed.
+
+    The ttl is clamped to the tenant's maximum; the quota slot is taken in the same
+    transaction, so a refused creation leaves nothing behind.
+    """
+    limits = effective_limits(tenant_id=auth.tenant_id)
+    now = timezone.now()
+    if kind == Task.Kind.TASK:
+        ttl = limits.default_ttl_ms if requested_ttl_ms is None else requested_ttl_ms
+        ttl = min(ttl, limits.max_ttl_ms)
+        poll = limits.poll_interval_ms
+    else:
+        ttl = None
+        poll = None
+    expires = now + dt.timedelta(milliseconds=ttl) if ttl is not None else None
+    max_attempts = conf.get().TASK_MAX_ATTEMPTS if tool.retryable else 1
+    with transaction.atomic():
+        if kind == Task.Kind.TASK:
+            quotas.acquire_task_slot(tenant_id=auth.tenant_id, principal_id=auth.principal_id)
+        task = Task.objects.create(
+            kind=kind,
+            tenant_id=auth.tenant_id,
+            principal_id=auth.principal_id,
+            session_id=session.pk,
+            status=TaskStatus.WORKING,
+            method="tools/call",
+            tool_name=tool.name,
+            params={"name": tool.name, "arguments": arguments},
+            request_id=request_id,
+            progress_token=progress_token,
+            ttl_ms=ttl,
+            poll_interval_ms=poll,
+            created_at=now,
+            last_updated_at=now,
+            expires_at=expires,
+            max_attempts=max_attempts,
+            stream_id=stream_id,
+        )
+        if kind == Task.Kind.TASK:
+            record_audit(auth=auth, action="task.create", task_id=task.task_id, data={"tool": tool.name, "ttl": ttl})
+        transaction.on_commit(bus.wake_workers)
+    return task
+
+
+# --- the state machine ----------------------------------------------------------------------
+
+
+def transition(
+    *,
+    task: Task,
+    to: str,
+    status_message: str | None = None,
+    result: dict[str, Any] | None = None,
+    error: dict[str, Any] | None = None,
+    attempt: int | None = None,
+    clear_message: bool = False,
+    extra: dict[str, Any] | None = None,
+) -> bool:
+    """Move ``task`` to ``to`` if the spec allows it from the stored status.
+
+    One conditional UPDATE decides: ``WHERE status IN (legal sources)`` (and, for a worker,
+    ``AND attempt = its attempt`` so a reclaimed run cannot finish the new one). Returns
+    whether this call made the transition; the in-memory ``task`` is refreshed when it did.
+    """
+    now = timezone.now()
+    sources = sources_for(to)
+    updates: dict[str, Any] = {"status": to, "last_updated_at": now}
+    if status_message is not None or clear_message:
+        updates["status_message"] = status_message
+    if result is not None:
+        updates["result"] = result
+    if error is not None:
+        updates["error"] = error
+    terminal = to in (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED)
+    if terminal:
+        updates.update(finished_at=now, lease_expires_at=None)
+    if extra:
+        updates.update(extra)
+    flt = Q(pk=task.pk, status__in=sources)
+    if attempt is not None:
+        flt &= Q(attempt=attempt)
+    with transaction.atomic():
+        changed = Task.objects.filter(flt).update(**updates)
+        if changed and terminal and task.kind == Task.Kind.TASK:
+            quotas.release_task_slot(tenant_id=task.tenant_id, principal_id=task.principal_id)
+        if changed and terminal:
+            # Unanswered server->client requests die with their task.
+            TaskMessage.objects.filter(task_id=task.pk, answered_at__isnull=True).delete()
+    if not changed:
+        return False
+    for key, value in updates.items():
+        setattr(task, key, value)
+    _after_change(task)
+    if terminal and task.kind == Task.Kind.TASK:
+        record_audit_ids(
+            tenant_id=task.tenant_id,
+            principal_id=task.principal_id,
+            action=f"task.{to}",
+            task_id=task.task_id,
+            data={"statusMessage": status_message} if status_message else {},
+        )
+    return True
+
+
+def set_status_message(*, task: Task, message: str) -> bool:
+    """Change the statusMessage of a live task (notifies like a status change)."""
+    changed = (
+        Task.objects.filter(pk=task.pk, status__in=[TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED])
+        .update(status_message=message, last_updated_at=timezone.now())
+    )
+    if changed:
+        task.refresh_from_db()
+        _after_change(task)
+    return bool(changed)
+
+
+def _after_change(task: Task) -> None:
+    """Tell waiters (always) and the requestor (tasks only) that the task changed."""
+    if task.kind == Task.Kind.TASK:
+        publish_for_task(task=task, message={
+            "jsonrpc": "2.0",
+            "method": "notifications/tasks/status",
+            "params": task.wire(),
+        })
+    elif task.is_terminal and task.stream_id:
+        _publish_request_outcome(task)
+    bus.signal_task(task.task_id, "changed", status=task.status)
+
+
+def _publish_request_outcome(task: Task) -> None:
+    """A plain request ended: its response goes on the request's POST stream."""
+    if task.status == TaskStatus.CANCELLED:
+        # The spec: no response is sent for a cancelled request. End the stream instead.
+        bus.publish(session_id=task.session_id, stream_id=task.stream_id or "", message={"_end": True})
+        return
+    if task.error is not None:
+        message: dict[str, Any] = {"jsonrpc": "2.0", "id": task.request_id, "error": task.error}
+    else:
+        message = {"jsonrpc": "2.0", "id": task.request_id, "result": task.result or {"content": []}}
+    bus.publish(session_id=task.session_id, stream_id=task.stream_id or "", message=message)
+
+
+def stream_for_task(*, task: Task) -> str:
+    """Where a task's messages go: its open tasks/result stream, else the session's GET stream."""
+    current = Task.objects.filter(pk=task.pk).values_list("stream_id", flat=True).first()
+    if current:
+        return current
+    return bus.get_stream_id(task.session_id)
+
+
+def publish_for_task(*, task: Task, message: dict[str, Any]) -> str:
+    """Send a notification about ``task`` on exactly one stream of the requestor's session."""
+    stream = task.stream_id if task.kind == Task.Kind.REQUEST and task.stream_id else stream_for_task(task=task)
+    return bus.publish(session_id=task.session_id, stream_id=stream, message=message)
+
+
+def task_result_payload(*, task: Task) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(result, error) that ``tasks/result`` returns for a terminal task.
+
+    Exactly what the underlying request would have returned, plus the related-task ``_meta``
+    on a result.
+    """
+    if task.error is not None:
+        return None, dict(task.error)
+    if task.status == TaskStatus.CANCELLED and task.result is None:
+        return None, dict(CANCELLED_ERROR)
+    result = dict(task.result or {"content": []})
+    meta = dict(result.get("_meta") or {})
+    meta.update(related_task_meta(task.task_id))
+    result["_meta"] = meta
+    return result, None
+
+
+# --- cancellation ---------------------------------------------------------------------------
+
+
+def cancel_task(*, auth: AuthContext, task_id: str) -> Task:
+    """``tasks/cancel``: the task is ``cancelled`` before this returns, and its runner is told."""
+    from .selectors import get_task
+
+    task = get_task(auth=auth, task_id=task_id)
+    if task.is_terminal:
+        raise McpError(-32602, cannot_cancel_message(task.status))
+    ok = transition(
+        task=task, to=TaskStatus.CANCELLED, status_message=CANCELLED_MESSAGE, extra={"cancel_requested": True}
+    )
+    if not ok:
+        task.refresh_from_db()
+        if task.is_terminal:
+            raise McpError(-32602, cannot_cancel_message(task.status))
+        raise McpError(-32603, "Task changed concurrently; retry")
+    bus.signal_task(task.task_id, "cancel")
+    return task
+
+
+def cancel_request(*, session: McpSession, request_id: str | int) -> bool:
+    """``notifications/cancelled`` for a plain in-flight ``tools/call`` of this session."""
+    from .selectors import task_by_request
+
+    task = task_by_request(session_id=session.pk, request_id=request_id)
+    if task is None or task.is_terminal:
+        return False
+    ok = transition(task=task, to=TaskStatus.CANCELLED, status_message="Cancelled by the client",
+                    extra={"cancel_requested": True})
+    bus.signal_task(task.task_id, "cancel")
+    return ok
+
+
+# --- task messages (elicitation, sampling) --------------------------------------------------
+
+
+def add_task_message(*, task: Task, method: str, params: dict[str, Any]) -> TaskMessage:
+    """Queue a server->client request of a running tool and move the task to input_required."""
+    rpc_id = "mcpt-" + secrets.token_urlsafe(12)
+    params = dict(params)
+    if task.kind == Task.Kind.TASK:
+        meta = dict(params.get("_meta") or {})
+        meta.update(related_task_meta(task.task_id))
+        params["_meta"] = meta
+    msg = TaskMessage.objects.create(task=task, rpc_id=rpc_id, method=method, params=params)
+    if task.kind == Task.Kind.TASK:
+        transition(task=task, to=TaskStatus.INPUT_REQUIRED)
+    else:
+        # A plain request's stream is its POST stream: deliver right away.
+        deliver_task_message(task=task, message=msg, stream_id=task.stream_id or "")
+    bus.signal_task(task.task_id, "message", rpc_id=rpc_id)
+    return msg
+
+
+def deliver_task_message(*, task: Task, message: TaskMessage, stream_id: str) -> None:
+    """Send a queued request on a stream (the tasks/result stream or a plain call's POST)."""
+    TaskMessage.objects.filter(pk=message.pk).update(delivered_at=timezone.now())
+    bus.publish(
+        session_id=task.session_id,
+        stream_id=stream_id,
+        message={"jsonrpc": "2.0", "id": message.rpc_id, "method": message.method, "params": message.params},
+    )
+
+
+def answer_task_message(*, auth: AuthContext, rpc_id: str, response: dict[str, Any]) -> bool:
+    """Store the client's JSON-RPC response to a queued request and wake the tool.
+
+    Returns False when no pending request of this principal has that id.
+    """
+    msg = (
+        TaskMessage.objects.select_related("task")
+        .filter(rpc_id=rpc_id, task__tenant_id=auth.tenant_id, task__principal_id=auth.principal_id)
+        .first()
+    )
+    if msg is None:
+        return False
+    changed = TaskMessage.objects.filter(pk=msg.pk, answered_at__isnull=True).update(
+        response=response, answered_at=timezone.now()
+    )
+    if not changed:
+        return True  # a duplicate answer: the first one counts
+    task = msg.task
+    if task.kind == Task.Kind.TASK and not TaskMessage.objects.filter(task=task, answered_at__isnull=True).exists():
+        transition(task=task, to=TaskStatus.WORKING)
+    bus.signal_task(task.task_id, "answer", rpc_id=rpc_id)
+    return True
+
+
+def bind_result_stream(*, task: Task, stream_id: str | None, only_if: str | None = None) -> None:
+    """Attach (or detach, with None) the tasks/result stream that receives the task's messages."""
+    qs = Task.objects.filter(pk=task.pk)
+    if only_if is not None:
+        qs = qs.filter(stream_id=only_if)
+    qs.update(stream_id=stream_id)
+
+
+# --- cleanup --------------------------------------------------------------------------------
+
+
+def cleanup_expired(*, batch_size: int | None = None, max_batches: int = 1000) -> dict[str, int]:
+    """Delete expired tasks (with their messages), old plain requests and stream events.
+
+    Bounded batches, each its own short transaction. On PostgreSQL the batch is picked with
+    ``FOR UPDATE SKIP LOCKED``, so concurrent cleaners never delete the same rows twice.
+    """
+    settings = conf.get()
+    batch = batch_size or settings.CLEANUP_BATCH_SIZE
+    now = timezone.now()
+    counts = {"tasks": 0, "requests": 0, "events": 0, "sessions": 0}
+    for _ in range(max_batches):
+        n = _delete_batch(Q(kind=Task.Kind.TASK, expires_at__lte=now), batch, release=True)
+        counts["tasks"] += n
+        if n < batch:
+            break
+    req_cutoff = now - dt.timedelta(seconds=settings.REQUEST_RETENTION_S)
+    for _ in range(max_batches):
+        n = _delete_batch(Q(kind=Task.Kind.REQUEST, last_updated_at__lte=req_cutoff), batch, release=False)
+        counts["requests"] += n
+        if n < batch:
+            break
+    ev_cutoff = now - dt.timedelta(seconds=settings.SSE_RETENTION_S)
+    for _ in range(max_batches):
+        ids = list(StreamEvent.objects.filter(created_at__lte=ev_cutoff).values_list("id", flat=True)[:batch])
+        if ids:
+            StreamEvent.objects.filter(id__in=ids).delete()
+        counts["events"] += len(ids)
+        if len(ids) < batch:
+            break
+    idle_cutoff = now - dt.timedelta(seconds=settings.SESSION_IDLE_TIMEOUT_S)
+    stale = list(
+        McpSession.objects.filter(Q(ended_at__lte=idle_cutoff) | Q(last_seen_at__lte=idle_cutoff))
+        .exclude(pk__in=Task.objects.filter(kind=Task.Kind.TASK).values("session_id"))
+        .values_list("pk", flat=True)[:batch]
+    )
+    if stale:
+        counts["sessions"] = McpSession.objects.filter(pk__in=stale).delete()[1].get("mcptasks.McpSession", 0)
+    if any(counts.values()):
+        logger.info("cleanup removed %s", counts)
+    return counts
+
+
+def _delete_batch(flt: Q, batch: int, *, release: bool) -> int:
+    with transaction.atomic():
+        qs = Task.objects.filter(flt).order_by("seq")
+        if connection.vendor == "postgresql":
+            qs = qs.select_for_update(skip_locked=True)
+        rows = list(qs.values_list("seq", "status", "tenant_id", "principal_id", "task_id")[:batch])
+        if not rows:
+            return 0
+        seqs = [r[0] for r in rows]
+        TaskMessage.objects.filter(task_id__in=seqs).delete()
+        deleted = Task.objects.filter(seq__in=seqs).delete()[1].get("mcptasks.Task", 0)
+        if release:
+            for _seq, status, tenant_id, principal_id, _tid in rows:
+                if status not in (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED):
+                    quotas.release_task_slot(tenant_id=tenant_id, principal_id=principal_id)
+    for _seq, status, _t, _p, task_id in rows:
+        if status not in (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED):
+            bus.signal_task(task_id, "cancel")
+    return int(deleted)
+
+
+# --- workers --------------------------------------------------------------------------------
+
+
+def worker_heartbeat(*, worker_id: str, hostname: str, pid: int, concurrency: int, running: int,
+                     stopping: bool = False) -> None:
+    """Register or refresh a worker's liveness row."""
+    WorkerHeartbeat.objects.update_or_create(
+        worker_id=worker_id,
+        defaults={
+            "hostname": hostname,
+            "pid": pid,
+            "concurrency": concurrency,
+            "running": running,
+            "last_seen_at": timezone.now(),
+            "stopping": stopping,
+        },
+    )
+
+
+# --- audit ----------------------------------------------------------------------------------
+
+
+def record_audit(*, auth: AuthContext, action: str, task_id: str = "", data: dict[str, Any] | None = None) -> None:
+    """Append an audit event for the caller."""
+    record_audit_ids(
+        tenant_id=auth.tenant_id, principal_id=auth.principal_id, action=action, task_id=task_id, data=data
+    )
+
+
+def record_audit_ids(
+    *, tenant_id: int | None, principal_id: int | None, action: str, task_id: str = "",
+    data: dict[str, Any] | None = None,
+) -> None:
+    """Append an audit event; each event's hash covers the previous one of its tenant."""
+    payload = data or {}
+    with transaction.atomic():
+        prev = (
+            AuditEvent.objects.filter(tenant_id=tenant_id).order_by("-id").values_list("hash", flat=True).first()
+            or ""
+        )
+        body = json.dumps(
+            {"t": tenant_id, "p": principal_id, "a": action, "task": task_id, "d": payload, "prev": prev},
+            sort_keys=True,
+            default=str,
+        )
+        AuditEvent.objects.create(
+            tenant_id=tenant_id,
+            principal_id=principal_id,
+            action=action,
+            task_id=task_id,
+            data=payload,
+            prev_hash=prev,
+            hash=hashlib.sha256(body.encode()).hexdigest(),
+        )
+
+
+def log_level_allows(session_level: str, level: str) -> bool:
+    """Whether a message at ``level`` passes the session's ``logging/setLevel`` threshold."""
+    try:
+        return LOG_LEVELS.index(level) >= LOG_LEVELS.index(session_level)
+    except ValueError:
+        return True
+

@@ -1,0 +1,219 @@
+"""Django settings for mcptasks.
+
+Every value comes from the environment (through django-environ) in this one module.
+With nothing set, the embedded default runs: SQLite in WAL mode, the in-memory channel
+layer and the local-memory cache. ``DATABASE_URL=postgres://...`` and ``REDIS_URL=redis://...``
+switch to PostgreSQL (psycopg 3), channels-redis and the Redis cache.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+env = environ.Env()
+
+# A file named by MCPTASKS_ENV_FILE (never implicitly) may provide the variables.
+if env.str("MCPTASKS_ENV_FILE", default=""):
+    environ.Env.read_env(env.str("MCPTASKS_ENV_FILE"))
+
+DEBUG = env.bool("DEBUG", default=False)
+# The development key only ever signs local cookies/cursors; production must set SECRET_KEY
+# (system check mcptasks.W001 warns otherwise).
+SECRET_KEY = env.str("SECRET_KEY", default="dev-insecure-mcptasks-key-change-me-0123456789abcdef")
+ALLOWED_HOSTS: list[str] = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "oauth2_provider",
+    "channels",
+    "tenants",
+    "mcptasks",
+]
+if env.bool("MCPTASKS_DEMO_TOOLS", default=True):
+    INSTALLED_APPS.append("mcptasks.demo")
+if env.bool("MCPTASKS_CONFORMANCE_FIXTURES", default=False):
+    INSTALLED_APPS.append("mcptasks.conformance")
+# Extra apps whose tools.py should be loaded (e.g. a deployment's own tool package).
+INSTALLED_APPS += env.list("MCPTASKS_EXTRA_APPS", default=[])
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "mcptasks.urls"
+ASGI_APPLICATION = "mcptasks.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+VAR_DIR = Path(env.str("MCPTASKS_VAR_DIR", default=str(BASE_DIR / "var")))
+DATABASES: dict[str, Any] = {
+    "default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'mcptasks.sqlite3'}"),
+}
+_db = DATABASES["default"]
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    # WAL lets readers proceed while a writer commits; IMMEDIATE transactions take the write
+    # lock up front so two writers never deadlock on a lock upgrade.
+    _db.setdefault("OPTIONS", {}).update(
+        {
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=10000;",
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+        }
+    )
+    _db.setdefault("TEST", {})
+    if env.str("MCPTASKS_TEST_SQLITE_FILE", default=""):
+        _db["TEST"]["NAME"] = env.str("MCPTASKS_TEST_SQLITE_FILE")
+elif _db["ENGINE"].startswith("django.db.backends.postgresql"):
+    _db.setdefault("CONN_MAX_AGE", env.int("MCPTASKS_CONN_MAX_AGE", default=0))
+    _db.setdefault("CONN_HEALTH_CHECKS", True)
+
+REDIS_URL = env.str("REDIS_URL", default="")
+CHANNEL_PREFIX = env.str("MCPTASKS_CHANNEL_PREFIX", default="mcptasks")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {
+                "hosts": [REDIS_URL],
+                "prefix": f"{CHANNEL_PREFIX}:layer:",
+                "capacity": 1000,
+                "expiry": 60,
+                "group_expiry": 86400,
+            },
+        }
+    }
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": f"{CHANNEL_PREFIX}:cache",
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "mcptasks"}}
+
+AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = []
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    "loggers": {"daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"}},
+}
+
+# --- mcptasks application settings (typed defaults and checks live in mcptasks/conf.py) ---
+MCPTASKS = {
+    "MCP_PATH": env.str("MCPTASKS_MCP_PATH", default="/mcp"),
+    "PUBLIC_URL": env.str("MCPTASKS_PUBLIC_URL", default=""),
+    "ALLOWED_ORIGINS": env.list("MCPTASKS_ALLOWED_ORIGINS", default=[]),
+    "MAX_BODY_BYTES": env.int("MCPTASKS_MAX_BODY_BYTES", default=4 * 1024 * 1024),
+    "SESSION_IDLE_TIMEOUT_S": env.int("MCPTASKS_SESSION_IDLE_TIMEOUT_S", default=24 * 3600),
+    "SSE_RETRY_MS": env.int("MCPTASKS_SSE_RETRY_MS", default=1000),
+    "SSE_KEEPALIVE_S": env.float("MCPTASKS_SSE_KEEPALIVE_S", default=15.0),
+    "SSE_MAX_STREAM_S": env.float("MCPTASKS_SSE_MAX_STREAM_S", default=300.0),
+    "SSE_RETENTION_S": env.int("MCPTASKS_SSE_RETENTION_S", default=600),
+    "TOOLS_PAGE_SIZE": env.int("MCPTASKS_TOOLS_PAGE_SIZE", default=50),
+    "TASK_DEFAULT_TTL_MS": env.int("MCPTASKS_TASK_DEFAULT_TTL_MS", default=3_600_000),
+    "TASK_MAX_TTL_MS": env.int("MCPTASKS_TASK_MAX_TTL_MS", default=86_400_000),
+    "TASK_POLL_INTERVAL_MS": env.int("MCPTASKS_TASK_POLL_INTERVAL_MS", default=1000),
+    "TASK_LIST_PAGE_SIZE": env.int("MCPTASKS_TASK_LIST_PAGE_SIZE", default=50),
+    "TASK_RESULT_RECHECK_S": env.float("MCPTASKS_TASK_RESULT_RECHECK_S", default=5.0),
+    "CLEANUP_INTERVAL_S": env.float("MCPTASKS_CLEANUP_INTERVAL_S", default=60.0),
+    "CLEANUP_BATCH_SIZE": env.int("MCPTASKS_CLEANUP_BATCH_SIZE", default=500),
+    "EMBEDDED_WORKER": env.bool("MCPTASKS_EMBEDDED_WORKER", default=False),
+    "WORKER_CONCURRENCY": env.int("MCPTASKS_WORKER_CONCURRENCY", default=8),
+    "WORKER_LEASE_S": env.float("MCPTASKS_WORKER_LEASE_S", default=30.0),
+    "WORKER_HEARTBEAT_S": env.float("MCPTASKS_WORKER_HEARTBEAT_S", default=5.0),
+    "WORKER_POLL_S": env.float("MCPTASKS_WORKER_POLL_S", default=2.0),
+    "WORKER_SHUTDOWN_GRACE_S": env.float("MCPTASKS_WORKER_SHUTDOWN_GRACE_S", default=20.0),
+    "TASK_MAX_ATTEMPTS": env.int("MCPTASKS_TASK_MAX_ATTEMPTS", default=3),
+    "ALLOW_ANONYMOUS": env.bool("MCPTASKS_ALLOW_ANONYMOUS", default=False),
+    "DEFAULT_TENANT": env.str("MCPTASKS_DEFAULT_TENANT", default="default"),
+}
+
+OAUTH2_PROVIDER = {
+    "SCOPES": {
+        "mcp:tools": "Call MCP tools",
+        "mcp:tasks": "Create and read MCP tasks",
+        "mcp:tasks:tenant": "See every task of the tenant",
+    },
+    "DEFAULT_SCOPES": ["mcp:tools", "mcp:tasks"],
+    "PKCE_REQUIRED": True,
+    "ACCESS_TOKEN_EXPIRE_SECONDS": env.int("MCPTASKS_ACCESS_TOKEN_EXPIRE_S", default=3600),
+    # RFC 9700: keep only the SHA-256 checksum of access/refresh tokens at rest (the token
+    # column stays blank), S256-only PKCE, no implicit/password grants, bearer in header only.
+    "COMPLIANT_BCP_RFC9700_TOKEN_STORAGE": True,
+    "COMPLIANT_BCP_RFC9700_PKCE_METHOD": True,
+    "COMPLIANT_BCP_RFC9700_IMPLICIT_GRANT": True,
+    "COMPLIANT_BCP_RFC9700_PASSWORD_GRANT": True,
+    "COMPLIANT_BCP_RFC9700_ACCESS_TOKEN_TRANSPORT": True,
+    "COMPLIANT_BCP_RFC9700_AUTHZ_RESPONSE_ISS": True,
+    "ROTATE_REFRESH_TOKEN": True,
+    "REFRESH_TOKEN_REUSE_PROTECTION": True,
+    "OAUTH2_GRANT_TYPES_SUPPORTED": ["authorization_code", "client_credentials", "refresh_token"],
+    "OAUTH2_RESPONSE_TYPES_SUPPORTED": ["code"],
+    # Issuer of the built-in AS: the origin of MCPTASKS_PUBLIC_URL when set, else per request.
+    "OIDC_ISS_ENDPOINT": "{0.scheme}://{0.netloc}".format(urlsplit(env.str("MCPTASKS_PUBLIC_URL", default="")))
+    if env.str("MCPTASKS_PUBLIC_URL", default="")
+    else "",
+}
+LOGIN_URL = "/admin/login/"
+
+# --- tenants app (Tenants and OAuth; typed defaults in tenants/conf.py) ---
+TENANTS = {
+    # Serve the built-in authorization server (django-oauth-toolkit under /o/) and list it in
+    # the protected resource metadata. Off: only external issuers' JWTs are accepted.
+    "BUILTIN_AS": env.bool("MCPTASKS_BUILTIN_AS", default=True),
+    # JWKS documents of external issuers are cached this long ...
+    "JWKS_CACHE_S": env.int("MCPTASKS_JWKS_CACHE_S", default=3600),
+    # ... and re-fetched on an unknown ``kid`` at most once per this many seconds.
+    "JWKS_MIN_REFRESH_S": env.int("MCPTASKS_JWKS_MIN_REFRESH_S", default=30),
+    "JWKS_HTTP_TIMEOUT_S": env.float("MCPTASKS_JWKS_HTTP_TIMEOUT_S", default=5.0),
+    # Plain-http JWKS URLs are refused except on loopback hosts unless this is on.
+    "JWKS_ALLOW_HTTP": env.bool("MCPTASKS_JWKS_ALLOW_HTTP", default=False),
+    # Tenant limits are re-read from the database at least this often (admin edits apply live).
+    "LIMITS_CACHE_S": env.float("MCPTASKS_TENANT_LIMITS_CACHE_S", default=2.0),
+}
+# Named explicitly so migrations that point at DOT's (swappable) application model resolve.
+OAUTH2_PROVIDER_APPLICATION_MODEL = "oauth2_provider.Application"

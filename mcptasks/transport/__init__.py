@@ -1,0 +1,1 @@
+"""The Streamable HTTP transport (a Channels consumer) and SSE framing."""

@@ -1,0 +1,542 @@
+"""The MCP endpoint: Streamable HTTP (POST, GET, DELETE; JSON and SSE) as a Channels consumer.
+
+The consumer is thin: it applies the HTTP rules, authenticates, parses one JSON-RPC message,
+calls the dispatcher and writes JSON or SSE. Anything that outlives the request (a tool run, a
+blocking ``tasks/result``) arrives as stream events through the channel layer, so the process
+that answers need not be the one that did the work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
+from channels.generic.http import AsyncHttpConsumer
+from django.conf import settings
+from django.http.request import split_domain_port, validate_host
+
+from tenants import ratelimit
+from tenants.auth import AuthContext, AuthError, authenticate, insufficient_scope
+
+from .. import bus, conf, selectors, services
+from ..handlers import RequestContext, StreamReply, dispatcher, operation_class, required_scope
+from ..models import McpSession, StreamEvent, Task
+from ..protocol import jsonrpc, versions
+from ..protocol.errors import INTERNAL_ERROR, INVALID_REQUEST, McpError
+from . import sse
+
+logger = logging.getLogger(__name__)
+
+
+class HttpError(Exception):
+    """An HTTP-level refusal: status, optional JSON-RPC error body, extra headers."""
+
+    def __init__(
+        self, status: int, message: str, *, code: int = INVALID_REQUEST, headers: dict[str, str] | None = None,
+        body: Any = None, rid: str | int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = headers or {}
+        self.body = body if body is not None else jsonrpc.error_response(rid, McpError(code, message))
+
+
+def _accepts(header: str, *types: str) -> bool:
+    listed = {part.split(";")[0].strip().lower() for part in header.split(",")}
+    return all(t in listed or "*/*" in listed for t in types)
+
+
+class McpConsumer(AsyncHttpConsumer):
+    """One HTTP request to the MCP endpoint (a POST, a GET stream or a DELETE)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.body_size = 0
+        self.too_large = False
+        self.streaming = False  # SSE headers sent; the consumer lives on after handle()
+        self.closed = False
+        self.stream_id: str | None = None
+        self.mode = ""  # request | task_result | get | resume
+        self.last_seq = 0
+        self.sent_rpc_ids: set[str] = set()
+        self.task: Task | None = None
+        self.session: McpSession | None = None
+        self.auth: AuthContext | None = None
+        self.groups_joined: list[str] = []
+        self.background: list[asyncio.Task[Any]] = []
+        self.cors_headers: list[tuple[bytes, bytes]] = []
+        self.takeover_token = secrets.token_hex(8)
+        self.result_request_id: str | int | None = None
+
+    # --- ASGI plumbing ------------------------------------------------------------------------
+
+    async def http_request(self, message: dict[str, Any]) -> None:
+        """Collect the body (refusing oversize ones early), then handle; stay alive if streaming."""
+        chunk = message.get("body", b"")
+        self.body_size += len(chunk)
+        if self.body_size > conf.get().MAX_BODY_BYTES:
+            self.too_large = True
+        elif chunk:
+            self.body.append(chunk)
+        if message.get("more_body"):
+            return
+        try:
+            await self.handle(b"".join(self.body))
+        except Exception:
+            logger.exception("MCP transport error")
+            if not self.streaming:
+                await self._send_json(500, jsonrpc.error_response(None, McpError(INTERNAL_ERROR, "Internal error")))
+            else:
+                await self._close()
+        if not self.streaming or self.closed:
+            await self.disconnect()
+            raise StopConsumer()
+
+    async def disconnect(self) -> None:
+        """Leave groups, stop background work, release a tasks/result stream binding."""
+        for t in self.background:
+            t.cancel()
+        layer = self.channel_layer
+        if layer is not None:
+            for group in self.groups_joined:
+                try:
+                    await layer.group_discard(group, self.channel_name)
+                except Exception:
+                    logger.debug("group_discard failed", exc_info=True)
+        self.groups_joined = []
+        if self.mode == "task_result" and self.task is not None and self.stream_id:
+            await database_sync_to_async(services.bind_result_stream)(
+                task=self.task, stream_id=None, only_if=self.stream_id
+            )
+
+    async def _join(self, group: str) -> None:
+        if self.channel_layer is not None:
+            await self.channel_layer.group_add(group, self.channel_name)
+            self.groups_joined.append(group)
+
+    # --- request entry -----------------------------------------------------------------------
+
+    async def handle(self, body: bytes) -> None:
+        """Apply the transport rules and route by HTTP method."""
+        try:
+            self._check_host_and_origin()
+            method = self.scope["method"]
+            if method == "OPTIONS":
+                await self._send_raw(204, b"", [(b"access-control-max-age", b"600")])
+                return
+            if method not in ("POST", "GET", "DELETE"):
+                raise HttpError(405, "Method not allowed", headers={"Allow": "GET, POST, DELETE, OPTIONS"})
+            self._check_protocol_header()
+            self.auth = await self._authenticate()
+            if method == "POST":
+                await self._post(body)
+            elif method == "GET":
+                await self._get()
+            else:
+                await self._delete()
+        except HttpError as exc:
+            await self._send_json(exc.status, exc.body, exc.headers)
+        except AuthError as exc:
+            await self._send_json(exc.status, exc.body, exc.headers)
+
+    def _header(self, name: str) -> str:
+        target = name.lower().encode()
+        for key, value in self.scope.get("headers", []):
+            if key.lower() == target:
+                return str(value.decode("latin-1"))
+        return ""
+
+    def _headers(self) -> dict[str, str]:
+        return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in self.scope.get("headers", [])}
+
+    def _check_host_and_origin(self) -> None:
+        host = self._header("host")
+        domain, _port = split_domain_port(host)
+        if not host or not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
+            # DNS rebinding: a foreign Host never reaches the application.
+            raise HttpError(400, f"Invalid Host header: {host[:100]!r}")
+        origin = self._header("origin")
+        if origin:
+            allowed = conf.get().ALLOWED_ORIGINS
+            same_origin = origin.split("://", 1)[-1].rstrip("/") == host
+            if not (same_origin or "*" in allowed or origin.rstrip("/") in allowed):
+                raise HttpError(403, f"Origin not allowed: {origin[:100]}")
+            self.cors_headers = [
+                (b"access-control-allow-origin", origin.encode("latin-1")),
+                (b"vary", b"Origin"),
+                (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
+                (
+                    b"access-control-allow-headers",
+                    b"Content-Type, Authorization, Mcp-Session-Id, MCP-Protocol-Version, Last-Event-ID, Accept",
+                ),
+                (b"access-control-expose-headers", b"Mcp-Session-Id, MCP-Protocol-Version, WWW-Authenticate"),
+            ]
+
+    def _check_protocol_header(self) -> None:
+        version = self._header("mcp-protocol-version")
+        if version and not versions.is_supported(version):
+            raise HttpError(400, f"Unsupported MCP-Protocol-Version: {version[:40]}")
+
+    def _resource_url(self) -> str:
+        public = conf.get().PUBLIC_URL
+        path = conf.get().MCP_PATH
+        if public:
+            return public.rstrip("/") + path
+        scheme = "https" if self.scope.get("scheme") == "https" else "http"
+        return f"{scheme}://{self._header('host')}{path}"
+
+    async def _authenticate(self) -> AuthContext:
+        qs = self.scope.get("query_string", b"").decode("latin-1")
+        return await database_sync_to_async(authenticate)(
+            headers=self._headers(), query_string=qs, resource_url=self._resource_url()
+        )
+
+    async def _load_session(self, *, required: bool = True) -> McpSession | None:
+        sid = self._header("mcp-session-id")
+        if not sid:
+            if required:
+                raise HttpError(400, "Bad Request: Mcp-Session-Id header is required")
+            return None
+        assert self.auth is not None
+        session = await database_sync_to_async(selectors.get_session)(session_id=sid, auth=self.auth)
+        if session is None:
+            raise HttpError(404, "Session not found")
+        return session
+
+    # --- POST --------------------------------------------------------------------------------
+
+    async def _post(self, body: bytes) -> None:
+        if not _accepts(self._header("accept"), "application/json", "text/event-stream"):
+            raise HttpError(406, "Not Acceptable: Accept must list application/json and text/event-stream")
+        ctype = self._header("content-type").split(";")[0].strip().lower()
+        if ctype != "application/json":
+            raise HttpError(415, "Unsupported Media Type: Content-Type must be application/json")
+        if self.too_large:
+            raise HttpError(413, f"Payload Too Large: the limit is {conf.get().MAX_BODY_BYTES} bytes")
+        try:
+            raw = jsonrpc.loads(body)
+            msg = jsonrpc.parse_message(raw)
+        except McpError as exc:
+            rid = jsonrpc.request_id_of(raw) if exc.code != -32700 else None
+            await self._send_json(400, jsonrpc.error_response(rid, exc))
+            return
+        assert self.auth is not None
+        if isinstance(msg, jsonrpc.JSONRPCRequest) and msg.method == "initialize":
+            self.session = None
+        else:
+            self.session = await self._load_session()
+        if isinstance(msg, jsonrpc.JSONRPCNotification):
+            await self._notification(msg)
+            await self._send_raw(202, b"", [])
+            return
+        if isinstance(msg, jsonrpc.JSONRPCResponse | jsonrpc.JSONRPCError):
+            await self._client_response(msg)
+            return
+        assert isinstance(msg, jsonrpc.JSONRPCRequest)
+        await self._request(msg)
+
+    async def _notification(self, msg: jsonrpc.JSONRPCNotification) -> None:
+        session = self.session
+        if session is None:
+            return
+        if msg.method == "notifications/initialized":
+            await database_sync_to_async(services.mark_initialized)(session=session)
+        elif msg.method == "notifications/cancelled":
+            rid = (msg.params or {}).get("requestId")
+            if isinstance(rid, str | int) and not isinstance(rid, bool):
+                await database_sync_to_async(services.cancel_request)(session=session, request_id=rid)
+        # Other notifications (roots/list_changed, progress, ...) need no action here.
+
+    async def _client_response(self, msg: jsonrpc.JSONRPCResponse | jsonrpc.JSONRPCError) -> None:
+        assert self.auth is not None
+        if not isinstance(msg.id, str):
+            raise HttpError(400, "Bad Request: no pending server request has that id")
+        payload = msg.model_dump(mode="json", exclude_none=True)
+        ok = await database_sync_to_async(services.answer_task_message)(
+            auth=self.auth, rpc_id=msg.id, response=payload
+        )
+        if not ok:
+            raise HttpError(400, "Bad Request: no pending server request has that id")
+        await self._send_raw(202, b"", [])
+
+    async def _request(self, msg: jsonrpc.JSONRPCRequest) -> None:
+        assert self.auth is not None
+        rid = msg.id
+        scope = required_scope(msg.method, msg.params)
+        if scope and not self.auth.has_scope(scope):
+            err = insufficient_scope(scope=scope, resource_url=self._resource_url())
+            await self._send_json(err.status, err.body, err.headers)
+            return
+        try:
+            await database_sync_to_async(ratelimit.check_rate)(
+                auth=self.auth, op_class=operation_class(msg.method, msg.params)
+            )
+        except ratelimit.RateLimited as exc:
+            error = McpError(
+                -32011, "Rate limit exceeded", {"retryAfter": exc.retry_after_s, "limit": exc.limit,
+                                               "operation": exc.op_class}
+            )
+            await self._send_json(429, jsonrpc.error_response(rid, error), {"Retry-After": str(exc.retry_after_s)})
+            return
+        session = self.session
+        version = session.protocol_version if session is not None else versions.LATEST
+        ctx = RequestContext(
+            auth=self.auth, session=session, protocol_version=version, request_id=rid, open_stream=self._open_stream
+        )
+        try:
+            result = await dispatcher.dispatch(ctx, msg.method, msg.params)
+        except McpError as exc:
+            await self._send_json(200, jsonrpc.error_response(rid, exc))
+            return
+        if isinstance(result, StreamReply):
+            self.task = result.task
+            self.mode = result.mode
+            self.result_request_id = rid
+            if result.mode == "task_result":
+                await self._start_task_result()
+            return
+        extra: dict[str, str] = {}
+        if ctx.new_session is not None:
+            extra["Mcp-Session-Id"] = ctx.new_session.pk
+        if msg.method == "tasks/get" and isinstance(result, dict) and "pollInterval" in result:
+            await database_sync_to_async(ratelimit.note_poll)(
+                auth=self.auth, task_id=result["taskId"], poll_interval_ms=int(result["pollInterval"])
+            )
+        await self._send_json(200, jsonrpc.response(rid, result), extra)
+
+    # --- streams -----------------------------------------------------------------------------
+
+    async def _open_stream(self, prefix: str) -> str:
+        """Start an SSE response for this request: join the stream's group, send the priming event."""
+        stream_id = bus.new_stream_id(prefix)
+        self.stream_id = stream_id
+        await self._join(bus.stream_group(stream_id))
+        if self.session is not None:
+            await self._join(bus.session_group(self.session.pk))
+        await self._start_sse(priming_id=f"{stream_id}.0")
+        return stream_id
+
+    async def _start_sse(self, *, priming_id: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+        headers = [
+            (b"content-type", b"text/event-stream"),
+            (b"cache-control", b"no-cache, no-transform"),
+            (b"x-accel-buffering", b"no"),
+            *self.cors_headers,
+            *(extra or []),
+        ]
+        await self.send_headers(status=200, headers=headers)
+        self.streaming = True
+        await self.send_body(sse.event("", event_id=priming_id, retry_ms=conf.get().SSE_RETRY_MS), more_body=True)
+        self.background.append(asyncio.ensure_future(self._keepalive()))
+
+    async def _keepalive(self) -> None:
+        settings_ = conf.get()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + settings_.SSE_MAX_STREAM_S
+        try:
+            while not self.closed:
+                await asyncio.sleep(settings_.SSE_KEEPALIVE_S)
+                if self.closed:
+                    return
+                if loop.time() >= deadline:
+                    # Bound connection lifetime: hint the client to come back, then close the
+                    # connection (not the stream); it resumes with Last-Event-ID.
+                    await self._send_self({"type": "stream.close_connection"})
+                    return
+                await self.send_body(sse.comment(), more_body=True)
+        except asyncio.CancelledError:
+            pass
+
+    async def _send_self(self, message: dict[str, Any]) -> None:
+        if self.channel_layer is not None:
+            await self.channel_layer.send(self.channel_name, message)
+
+    async def _close(self, *, hint_retry: bool = False) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if hint_retry:
+            await self.send_body(sse.retry(conf.get().SSE_RETRY_MS), more_body=True)
+        await self.send_body(b"", more_body=False)
+
+    async def stream_event(self, message: dict[str, Any]) -> None:
+        """A stored event of our stream arrived through the channel layer."""
+        seq = int(message["seq"])
+        if seq <= self.last_seq or self.closed:
+            return
+        self.last_seq = seq
+        await self._emit(message["event_id"], message["data"])
+        if self.closed:
+            raise StopConsumer()
+
+    async def _emit(self, event_id: str, data: str) -> None:
+        payload = json.loads(data)
+        if payload.get("_close"):
+            # The tool asked to close the connection (not the stream): the client resumes.
+            await self._close(hint_retry=True)
+            return
+        if payload.get("_end"):
+            await self._close()
+            return
+        await self.send_body(sse.event(data, event_id=event_id), more_body=True)
+        is_response = "method" not in payload and ("result" in payload or "error" in payload)
+        if is_response and self.mode in ("request", "task_result", "resume"):
+            await self._close()
+
+    async def stream_takeover(self, message: dict[str, Any]) -> None:
+        """A newer connection took over this GET stream: hand it over and close."""
+        if message.get("token") != self.takeover_token:
+            await self._close(hint_retry=True)
+            raise StopConsumer()
+
+    async def stream_close_connection(self, message: dict[str, Any]) -> None:
+        """Scheduled connection close (stream lifetime bound)."""
+        await self._close(hint_retry=True)
+        raise StopConsumer()
+
+    async def session_signal(self, message: dict[str, Any]) -> None:
+        """The session was deleted: end its streams."""
+        if message.get("event") == "ended":
+            await self._close()
+            raise StopConsumer()
+
+    # --- tasks/result --------------------------------------------------------------------------
+
+    async def _start_task_result(self) -> None:
+        assert self.task is not None and self.stream_id is not None
+        await self._join(bus.task_group(self.task.task_id))
+        await database_sync_to_async(services.bind_result_stream)(task=self.task, stream_id=self.stream_id)
+        await self._check_task()
+        if not self.closed:
+            self.background.append(asyncio.ensure_future(self._recheck_loop()))
+
+    async def _recheck_loop(self) -> None:
+        # Backstop for lost wake-ups: a periodic re-read, not a tight poll loop.
+        try:
+            while not self.closed:
+                await asyncio.sleep(conf.get().TASK_RESULT_RECHECK_S)
+                await self._send_self({"type": "task.signal", "event": "recheck"})
+        except asyncio.CancelledError:
+            pass
+
+    async def task_signal(self, message: dict[str, Any]) -> None:
+        """Something happened to the task we stream the result of."""
+        if self.mode == "task_result" and not self.closed:
+            await self._check_task()
+            if self.closed:
+                raise StopConsumer()
+
+    async def _check_task(self) -> None:
+        assert self.task is not None and self.stream_id is not None
+        task = await database_sync_to_async(Task.objects.filter(pk=self.task.pk).first)()
+        if task is None:
+            await self._emit_direct(McpError(-32602, "Failed to retrieve task: Task not found"))
+            return
+        self.task = task
+        if not task.is_terminal:
+            pending = await database_sync_to_async(selectors.pending_messages)(task=task)
+            for m in pending:
+                if m.rpc_id in self.sent_rpc_ids:
+                    continue
+                self.sent_rpc_ids.add(m.rpc_id)
+                await database_sync_to_async(services.deliver_task_message)(
+                    task=task, message=m, stream_id=self.stream_id
+                )
+            return
+        result, error = services.task_result_payload(task=task)
+        rid = self.result_request_id
+        assert rid is not None
+        if error is not None:
+            message = jsonrpc.error_response(rid, McpError.from_error(error))
+        else:
+            message = jsonrpc.response(rid, result or {})
+        await database_sync_to_async(bus.publish)(
+            session_id=task.session_id, stream_id=self.stream_id, message=message
+        )
+
+    async def _emit_direct(self, err: McpError) -> None:
+        rid = self.result_request_id
+        await self.send_body(sse.event(json.dumps(jsonrpc.error_response(rid, err))), more_body=True)
+        await self._close()
+
+    # --- GET ---------------------------------------------------------------------------------
+
+    async def _get(self) -> None:
+        if not _accepts(self._header("accept"), "text/event-stream"):
+            raise HttpError(406, "Not Acceptable: Accept must list text/event-stream")
+        self.session = session = await self._load_session()
+        assert session is not None
+        last_event_id = self._header("last-event-id")
+        if last_event_id:
+            await self._resume(session, last_event_id)
+            return
+        self.mode = "get"
+        self.stream_id = stream_id = bus.get_stream_id(session.pk)
+        # One live connection per GET stream: a newer one replaces the older (never broadcast).
+        await self.channel_layer.group_send(
+            bus.stream_group(stream_id), {"type": "stream.takeover", "token": self.takeover_token}
+        )
+        await self._join(bus.stream_group(stream_id))
+        await self._join(bus.session_group(session.pk))
+        last = await database_sync_to_async(
+            lambda: StreamEvent.objects.filter(stream_id=stream_id).order_by("-id").values_list("id", flat=True).first()
+        )()
+        self.last_seq = int(last or 0)
+        await self._start_sse(priming_id=f"{stream_id}.{self.last_seq}")
+
+    async def _resume(self, session: McpSession, last_event_id: str) -> None:
+        parsed = bus.parse_event_id(last_event_id)
+        if parsed is None:
+            raise HttpError(400, "Bad Request: malformed Last-Event-ID")
+        stream_id, seq = parsed
+        owned = stream_id == bus.get_stream_id(session.pk) or await database_sync_to_async(
+            StreamEvent.objects.filter(stream_id=stream_id, session_id=session.pk).exists
+        )() or await database_sync_to_async(
+            Task.objects.filter(stream_id=stream_id, session_id=session.pk).exists
+        )()
+        if not owned:
+            raise HttpError(404, "Unknown stream for Last-Event-ID")
+        self.stream_id = stream_id
+        self.mode = "get" if stream_id.startswith("g") else "resume"
+        if self.mode == "get":
+            await self.channel_layer.group_send(
+                bus.stream_group(stream_id), {"type": "stream.takeover", "token": self.takeover_token}
+            )
+        # Join first, then replay: anything published meanwhile is deduplicated by sequence.
+        await self._join(bus.stream_group(stream_id))
+        await self._join(bus.session_group(session.pk))
+        await self._start_sse(priming_id=f"{stream_id}.{seq}")
+        self.last_seq = seq
+        events = await database_sync_to_async(
+            lambda: list(StreamEvent.objects.filter(stream_id=stream_id, id__gt=seq).order_by("id"))
+        )()
+        for ev in events:
+            if self.closed:
+                break
+            self.last_seq = ev.id
+            await self._emit(ev.event_id, ev.data)
+
+    # --- DELETE ------------------------------------------------------------------------------
+
+    async def _delete(self) -> None:
+        session = await self._load_session()
+        assert session is not None
+        await database_sync_to_async(services.end_session)(session=session)
+        await self._send_raw(204, b"", [])
+
+    # --- writing -----------------------------------------------------------------------------
+
+    async def _send_raw(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        await self.send_response(status, body, headers=[*headers, *self.cors_headers])
+
+    async def _send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+        hdrs = [(b"content-type", b"application/json")]
+        for k, v in (headers or {}).items():
+            hdrs.append((k.lower().encode("latin-1"), v.encode("latin-1")))
+        body = b"" if payload is None else json.dumps(payload, separators=(",", ":")).encode()
+        await self._send_raw(status, body, hdrs)

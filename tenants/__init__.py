@@ -1,0 +1,1 @@
+"""Tenants, their principals, limits and authentication of MCP requests."""

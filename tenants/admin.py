@@ -1,0 +1,63 @@
+"""Admin for tenants: limits are edited here at run time and apply within seconds."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+
+from .models import ExternalIssuer, Principal, Tenant, TenantApplication
+
+
+class PrincipalInline(admin.TabularInline):
+    model = Principal
+    extra = 0
+    fields = ("kind", "identifier", "name", "active_tasks")
+    readonly_fields = ("active_tasks",)
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    list_display = ("slug", "name", "active", "active_tasks", "max_concurrent_tasks", "created_at")
+    list_filter = ("active",)
+    search_fields = ("slug", "name")
+    readonly_fields = ("active_tasks", "created_at")
+    fieldsets = (
+        (None, {"fields": ("slug", "name", "active", "active_tasks", "created_at")}),
+        (
+            "Concurrency (blank: unlimited)",
+            {"fields": ("max_concurrent_tasks", "max_concurrent_tasks_per_principal")},
+        ),
+        (
+            "Task timing (blank: global setting)",
+            {"fields": ("default_ttl_ms", "max_ttl_ms", "poll_interval_ms")},
+        ),
+        (
+            "Rate limits per minute (blank: unlimited)",
+            {"fields": ("rate_create_per_min", "rate_read_per_min", "rate_other_per_min")},
+        ),
+    )
+    inlines = [PrincipalInline]
+
+
+@admin.register(Principal)
+class PrincipalAdmin(admin.ModelAdmin):
+    list_display = ("identifier", "name", "kind", "tenant", "active_tasks", "created_at")
+    list_filter = ("kind", "tenant")
+    search_fields = ("identifier", "name", "tenant__slug")
+    readonly_fields = ("active_tasks", "created_at")
+
+
+@admin.register(ExternalIssuer)
+class ExternalIssuerAdmin(admin.ModelAdmin):
+    list_display = ("issuer", "tenant", "active", "audience", "tenant_claim", "principal_claim", "algorithms")
+    list_filter = ("active", "tenant")
+    search_fields = ("issuer", "tenant__slug", "name")
+    readonly_fields = ("created_at",)
+
+
+@admin.register(TenantApplication)
+class TenantApplicationAdmin(admin.ModelAdmin):
+    list_display = ("application", "tenant", "principal", "created_at")
+    list_filter = ("tenant",)
+    search_fields = ("application__name", "application__client_id", "tenant__slug")
+    raw_id_fields = ("application", "principal")
+    readonly_fields = ("created_at",)

@@ -1,0 +1,12 @@
+from django.apps import AppConfig
+
+
+class TenantsConfig(AppConfig):
+    """Tenants and OAuth."""
+
+    name = "tenants"
+    default_auto_field = "django.db.models.BigAutoField"
+    verbose_name = "Tenants"
+
+    def ready(self) -> None:
+        from . import checks  # noqa: F401  (registers system checks)

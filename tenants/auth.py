@@ -1,0 +1,237 @@
+"""Authentication of MCP requests: bearer token -> :class:`AuthContext`.
+
+The MCP consumer calls :func:`authenticate` for every request; it either returns the caller's
+auth context or raises :class:`AuthError` carrying the HTTP status, headers and JSON body.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from mcptasks import conf as mcp_conf
+
+from .conf import DEFAULT_CHALLENGE_SCOPES, MCP_SCOPES, canonical_resource, normalize_uri
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AuthContext:
+    """Who is calling: the tenant and principal every task is bound to."""
+
+    tenant_id: int
+    tenant_slug: str
+    principal_id: int
+    principal_name: str
+    scopes: frozenset[str] = field(default_factory=frozenset)
+    anonymous: bool = False
+    # Identifies the credential (token row id or JWT jti) for audit logs; never the token itself.
+    credential_ref: str = ""
+
+    def has_scope(self, scope: str) -> bool:
+        """Whether the token carries ``scope`` (anonymous callers have every MCP scope)."""
+        return self.anonymous or scope in self.scopes
+
+
+class AuthError(Exception):
+    """Authentication failed; the consumer answers with ``status``, ``headers`` and ``body``."""
+
+    def __init__(
+        self, status: int, message: str, headers: dict[str, str] | None = None, body: Any = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
+        self.body = body
+
+
+# --- challenges ---------------------------------------------------------------------------
+
+AUTH_ERROR_CODE = -32001
+_B64TOKEN = re.compile(r"^[A-Za-z0-9\-._~+/]+=*$")
+
+
+def prm_url(resource_url: str) -> str:
+    """URL of this resource's Protected Resource Metadata (RFC 9728 §3.1, path-inserted form).
+
+    ``https://host/mcp`` -> ``https://host/.well-known/oauth-protected-resource/mcp``.
+    """
+    parts = urlsplit(canonical_resource(resource_url))
+    path = parts.path.lstrip("/")
+    suffix = f"/{path}" if path else ""
+    return f"{parts.scheme}://{parts.netloc}/.well-known/oauth-protected-resource{suffix}"
+
+
+def _quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _challenge(*, resource_url: str, scope: str, error: str = "", description: str = "") -> str:
+    params: list[tuple[str, str]] = []
+    if error:
+        params.append(("error", error))
+    if description:
+        params.append(("error_description", description))
+    params.append(("resource_metadata", prm_url(resource_url)))
+    if scope:
+        params.append(("scope", scope))
+    return "Bearer " + ", ".join(f"{k}={_quote(v)}" for k, v in params)
+
+
+def _body(message: str, data: dict[str, Any] | None = None) -> dict[str, Any]:
+    err: dict[str, Any] = {"code": AUTH_ERROR_CODE, "message": message}
+    if data:
+        err["data"] = data
+    return {"jsonrpc": "2.0", "error": err}
+
+
+def _unauthorized(*, resource_url: str, message: str, error: str = "invalid_token") -> AuthError:
+    """401 with a Bearer challenge; ``error=""`` for a request that carried no token (RFC 6750 §3.1)."""
+    header = _challenge(
+        resource_url=resource_url,
+        scope=" ".join(DEFAULT_CHALLENGE_SCOPES),
+        error=error,
+        description=message if error else "",
+    )
+    return AuthError(401, message, headers={"WWW-Authenticate": header}, body=_body(message))
+
+
+def insufficient_scope(*, scope: str, resource_url: str) -> AuthError:
+    """403 for a valid token lacking ``scope`` (RFC 6750 §3.1, MCP authorization "scope challenge")."""
+    message = f"Insufficient scope: this request needs {scope}"
+    header = _challenge(
+        resource_url=resource_url, scope=scope, error="insufficient_scope", description=message
+    )
+    return AuthError(
+        403, message, headers={"WWW-Authenticate": header}, body=_body(message, {"scope": scope})
+    )
+
+
+# --- entry point --------------------------------------------------------------------------
+
+
+def authenticate(*, headers: dict[str, str], query_string: str, resource_url: str) -> AuthContext:
+    """Authenticate one MCP request from its headers (names lower-case) and raw query string.
+
+    ``resource_url`` is the absolute URL of the MCP endpoint as the request reached it (e.g.
+    ``http://127.0.0.1:8000/mcp``); with ``MCPTASKS_PUBLIC_URL`` set, ``PUBLIC_URL + MCP_PATH``
+    is the canonical resource instead. Every token must be meant for that resource.
+
+    Raises :class:`AuthError`: 400 for an ``access_token`` query parameter (RFC 6750 §2.3 is not
+    supported, and the token is never looked at), 401 with ``WWW-Authenticate`` for a missing,
+    malformed, unknown, expired, revoked or wrong-audience token or a disabled tenant.
+    Without an ``Authorization`` header and with ``MCPTASKS_ALLOW_ANONYMOUS`` on, returns the
+    anonymous principal of the default tenant. Synchronous (touches the database).
+    """
+    if query_string and "access_token" in parse_qs(query_string, keep_blank_values=True):
+        message = "Access tokens are accepted only in the Authorization header, never in the URL"
+        header = _challenge(
+            resource_url=resource_url,
+            scope=" ".join(DEFAULT_CHALLENGE_SCOPES),
+            error="invalid_request",
+            description=message,
+        )
+        raise AuthError(400, message, headers={"WWW-Authenticate": header}, body=_body(message))
+
+    authorization = headers.get("authorization")
+    if authorization is None or not authorization.strip():
+        if mcp_conf.get().ALLOW_ANONYMOUS:
+            return _anonymous_context()
+        raise _unauthorized(resource_url=resource_url, message="Authentication required", error="")
+
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise _unauthorized(resource_url=resource_url, message="Authentication required (Bearer token)")
+    if not _B64TOKEN.match(token):
+        raise _unauthorized(resource_url=resource_url, message="Malformed bearer token")
+
+    if token.count(".") == 2:
+        from .jwt_issuers import JwtRejected, verify_external_jwt
+
+        try:
+            return verify_external_jwt(token=token, resource_url=resource_url)
+        except JwtRejected as exc:
+            logger.info("external JWT refused: %s", exc.reason)
+            raise _unauthorized(resource_url=resource_url, message=exc.public_message) from None
+    return _builtin_token_context(token=token, resource_url=resource_url)
+
+
+def _anonymous_context() -> AuthContext:
+    from .services import anonymous_principal, default_tenant
+
+    tenant = default_tenant()
+    principal = anonymous_principal(tenant=tenant)
+    return AuthContext(
+        tenant_id=tenant.pk,
+        tenant_slug=tenant.slug,
+        principal_id=principal.pk,
+        principal_name=principal.name or principal.identifier,
+        scopes=frozenset(MCP_SCOPES),
+        anonymous=True,
+        credential_ref="anonymous",
+    )
+
+
+def _builtin_token_context(*, token: str, resource_url: str) -> AuthContext:
+    """Resolve a token minted by the built-in authorization server (django-oauth-toolkit)."""
+    from oauth2_provider.models import get_access_token_model
+
+    from .models import Principal, TenantApplication
+    from .services import get_or_create_principal
+
+    checksum = hashlib.sha256(token.encode("utf-8")).hexdigest()
+    model = get_access_token_model()
+    access = model.objects.select_related("application", "user").filter(token_checksum=checksum).first()
+    if access is None:
+        # Unknown or revoked (DOT deletes revoked access tokens).
+        raise _unauthorized(resource_url=resource_url, message="Invalid or revoked access token")
+    ref = f"dot:{access.pk}"
+    if access.is_expired():
+        raise _unauthorized(resource_url=resource_url, message="Access token expired")
+    audiences = [normalize_uri(str(a)) for a in (access.resource or [])]
+    if audiences and canonical_resource(resource_url) not in audiences:
+        logger.info("token %s refused: issued for another resource", ref)
+        raise _unauthorized(
+            resource_url=resource_url, message="Access token was not issued for this resource"
+        )
+    application = access.application
+    if application is None:
+        raise _unauthorized(resource_url=resource_url, message="Access token has no client")
+    link = (
+        TenantApplication.objects.select_related("tenant", "principal")
+        .filter(application_id=application.pk)
+        .first()
+    )
+    if link is None:
+        logger.warning("token %s refused: application %s belongs to no tenant", ref, application.pk)
+        raise _unauthorized(resource_url=resource_url, message="Client is not registered with a tenant")
+    tenant = link.tenant
+    if not tenant.active:
+        raise _unauthorized(resource_url=resource_url, message="Tenant is disabled")
+    if access.user is not None:
+        user = access.user
+        principal = get_or_create_principal(
+            tenant=tenant, kind=Principal.Kind.USER, identifier=user.get_username(), name=user.get_username()
+        )
+    elif link.principal is not None:
+        principal = link.principal
+    else:
+        principal = get_or_create_principal(
+            tenant=tenant, kind=Principal.Kind.CLIENT, identifier=application.client_id, name=application.name
+        )
+    return AuthContext(
+        tenant_id=tenant.pk,
+        tenant_slug=tenant.slug,
+        principal_id=principal.pk,
+        principal_name=principal.name or principal.identifier,
+        scopes=frozenset(access.scope.split()),
+        anonymous=False,
+        credential_ref=ref,
+    )

@@ -1,0 +1,78 @@
+"""Plain functions behind ``manage.py mcptasks_tenant``: each returns the lines to print."""
+
+from __future__ import annotations
+
+from .models import Tenant
+from .services import (
+    create_authorization_code_application,
+    create_client_application,
+    get_or_create_tenant,
+    issue_token,
+)
+
+
+class CliError(Exception):
+    """A user error (unknown tenant, bad scope): print the message and exit non-zero."""
+
+
+def _tenant(slug: str) -> Tenant:
+    tenant = Tenant.objects.filter(slug=slug).first()
+    if tenant is None:
+        raise CliError(f"unknown tenant {slug!r} (create it with: mcptasks_tenant create {slug})")
+    return tenant
+
+
+def create(*, slug: str, name: str = "") -> list[str]:
+    """Create tenant ``slug`` (idempotent)."""
+    existed = Tenant.objects.filter(slug=slug).exists()
+    tenant = get_or_create_tenant(slug=slug, name=name)
+    return [f"tenant {tenant.slug} {'already exists' if existed else 'created'} (id {tenant.pk})"]
+
+
+def token(
+    *,
+    slug: str,
+    principal: str = "cli",
+    scopes: list[str] | None = None,
+    expires_s: int | None = None,
+    resource: str | None = None,
+) -> list[str]:
+    """Mint a bearer token for ``principal`` in ``slug``; the token is the last line."""
+    tenant = _tenant(slug)
+    try:
+        raw = issue_token(
+            tenant=tenant, principal_name=principal, scopes=scopes, expires_s=expires_s, resource=resource
+        )
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return [f"# bearer token for tenant {tenant.slug}, principal {principal} (shown once):", raw]
+
+
+def list_tenants() -> list[str]:
+    """One line per tenant with its live counters."""
+    lines = []
+    for t in Tenant.objects.all():
+        lines.append(
+            f"{t.slug}\t{'active' if t.active else 'disabled'}\tactive_tasks={t.active_tasks}"
+            f"\tprincipals={t.principals.count()}\tmax_concurrent={t.max_concurrent_tasks or '-'}"
+        )
+    return lines or ["(no tenants)"]
+
+
+def app(
+    *, slug: str, name: str, grant: str = "client-credentials", redirect_uris: list[str] | None = None
+) -> list[str]:
+    """Register an OAuth application of ``slug``; prints client_id (and a secret, shown once)."""
+    tenant = _tenant(slug)
+    if grant == "client-credentials":
+        link, secret = create_client_application(tenant=tenant, principal_name=name)
+        return [f"client_id={link.application.client_id}", f"client_secret={secret}"]
+    if not redirect_uris:
+        raise CliError("--redirect-uri is required for authorization-code applications")
+    link, maybe_secret = create_authorization_code_application(
+        tenant=tenant, name=name, redirect_uris=redirect_uris
+    )
+    lines = [f"client_id={link.application.client_id}", "client_type=public (PKCE S256 required)"]
+    if maybe_secret:
+        lines.append(f"client_secret={maybe_secret}")
+    return lines

@@ -1,0 +1,73 @@
+"""Typed access to the ``TENANTS`` settings dict, with defaults for anything not set."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from django.conf import settings
+
+from mcptasks import conf as mcp_conf
+
+#: Scopes an MCP client may hold (also the scopes of the anonymous principal).
+MCP_SCOPES: tuple[str, ...] = ("mcp:tools", "mcp:tasks", "mcp:tasks:tenant")
+#: Scopes advertised in WWW-Authenticate challenges when no particular scope is needed.
+DEFAULT_CHALLENGE_SCOPES: tuple[str, ...] = ("mcp:tools", "mcp:tasks")
+
+
+@dataclass(frozen=True)
+class TenantSettings:
+    """Every tenants setting, typed, with its default."""
+
+    BUILTIN_AS: bool = True
+    JWKS_CACHE_S: int = 3600
+    JWKS_MIN_REFRESH_S: int = 30
+    JWKS_HTTP_TIMEOUT_S: float = 5.0
+    JWKS_ALLOW_HTTP: bool = False
+    LIMITS_CACHE_S: float = 2.0
+
+
+def get() -> TenantSettings:
+    """Current settings (read on each call so tests can override ``settings.TENANTS``)."""
+    raw: dict[str, Any] = getattr(settings, "TENANTS", {})
+    known = {f.name for f in fields(TenantSettings)}
+    return TenantSettings(**{k: v for k, v in raw.items() if k in known})
+
+
+def canonical_resource(resource_url: str) -> str:
+    """This server's canonical resource URI (RFC 8707 audience of every accepted token).
+
+    ``PUBLIC_URL + MCP_PATH`` when ``MCPTASKS_PUBLIC_URL`` is set, else ``resource_url`` (the
+    URL of the MCP endpoint as derived from the request), normalised: lower-case scheme and
+    host, no default port, no query, fragment or trailing slash.
+    """
+    c = mcp_conf.get()
+    raw = c.PUBLIC_URL.rstrip("/") + c.MCP_PATH if c.PUBLIC_URL else resource_url
+    return normalize_uri(raw)
+
+
+def normalize_uri(uri: str) -> str:
+    """Normalise an absolute http(s) URI for comparison (RFC 3986 §6.2.2-6.2.3)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(uri.strip())
+    scheme = parts.scheme.lower()
+    host = (parts.hostname or "").lower()
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if port is not None and not ((scheme == "http" and port == 80) or (scheme == "https" and port == 443)):
+        host = f"{host}:{port}"
+    path = parts.path.rstrip("/")
+    return urlunsplit((scheme, host, path, "", ""))
+
+
+def public_origin(resource_url: str) -> str:
+    """``scheme://host[:port]`` of the canonical resource: the issuer of the built-in AS."""
+    from urllib.parse import urlsplit
+
+    p = urlsplit(canonical_resource(resource_url))
+    return f"{p.scheme}://{p.netloc}"

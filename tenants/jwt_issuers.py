@@ -1,0 +1,237 @@
+"""Verification of JWT access tokens from external issuers (Auth0, Keycloak, Entra, ...).
+
+Each :class:`~tenants.models.ExternalIssuer` row names an issuer a tenant trusts, where its
+keys are (JWKS URL, static JWKS, or an explicit shared secret for HS*), the audience it must
+use (by default this server's canonical resource URI, RFC 8707) and which claims name the
+tenant, the principal and the scopes. JWKS documents are cached in the Django cache and
+re-fetched (at most every ``JWKS_MIN_REFRESH_S``) when a token names an unknown ``kid``.
+Tokens are never logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import logging
+import urllib.request
+from typing import Any
+from urllib.parse import urlsplit
+
+import jwt
+from django.core.cache import cache
+
+from . import conf
+from .auth import AuthContext
+from .conf import canonical_resource
+from .models import ExternalIssuer, Principal
+
+logger = logging.getLogger(__name__)
+
+_MAX_JWKS_BYTES = 512 * 1024
+
+
+class JwtRejected(Exception):
+    """A JWT was refused. ``reason`` is for logs, ``public_message`` for the client."""
+
+    def __init__(self, reason: str, public_message: str = "Invalid access token") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.public_message = public_message
+
+
+class JwksUnavailable(Exception):
+    """The JWKS document could not be fetched or parsed."""
+
+
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost",):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def fetch_jwks(url: str) -> dict[str, Any]:
+    """GET a JWKS document (https; plain http only for loopback or with ``JWKS_ALLOW_HTTP``)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("https", "http"):
+        raise JwksUnavailable(f"unsupported JWKS URL scheme {parts.scheme!r}")
+    if parts.scheme == "http" and not (conf.get().JWKS_ALLOW_HTTP or _is_loopback(parts.hostname or "")):
+        raise JwksUnavailable("plain-http JWKS URL refused (set MCPTASKS_JWKS_ALLOW_HTTP=1 to allow)")
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})  # noqa: S310
+    try:
+        with urllib.request.urlopen(request, timeout=conf.get().JWKS_HTTP_TIMEOUT_S) as resp:  # noqa: S310
+            raw = resp.read(_MAX_JWKS_BYTES + 1)
+    except OSError as exc:
+        raise JwksUnavailable(f"JWKS fetch failed: {exc}") from exc
+    if len(raw) > _MAX_JWKS_BYTES:
+        raise JwksUnavailable("JWKS document too large")
+    try:
+        doc = json.loads(raw)
+    except ValueError as exc:
+        raise JwksUnavailable("JWKS is not JSON") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("keys"), list):
+        raise JwksUnavailable("JWKS has no 'keys' list")
+    return doc
+
+
+def _cache_key(url: str, kind: str) -> str:
+    return f"tenants:jwks:{kind}:{hashlib.sha256(url.encode()).hexdigest()[:32]}"
+
+
+def get_jwks(url: str, *, refresh: bool = False) -> dict[str, Any]:
+    """The JWKS at ``url``, from the cache unless ``refresh`` (which is rate limited per URL)."""
+    settings = conf.get()
+    key = _cache_key(url, "doc")
+    doc: dict[str, Any] | None = cache.get(key)
+    if doc is not None and refresh:
+        # One forced re-fetch per JWKS_MIN_REFRESH_S across all processes sharing the cache.
+        if not cache.add(_cache_key(url, "refresh"), 1, timeout=settings.JWKS_MIN_REFRESH_S):
+            return doc
+        doc = None
+    if doc is None:
+        doc = fetch_jwks(url)
+        cache.set(key, doc, timeout=settings.JWKS_CACHE_S)
+        cache.add(_cache_key(url, "refresh"), 1, timeout=settings.JWKS_MIN_REFRESH_S)
+    return doc
+
+
+def _pick_key(doc: dict[str, Any], *, kid: str | None, alg: str) -> Any | None:
+    candidates = []
+    for jwk in doc.get("keys", []):
+        if not isinstance(jwk, dict):
+            continue
+        if jwk.get("use") not in (None, "sig"):
+            continue
+        if kid is not None and jwk.get("kid") != kid:
+            continue
+        if jwk.get("alg") not in (None, alg):
+            continue
+        candidates.append(jwk)
+    if kid is None and len(candidates) != 1:
+        return None
+    for jwk in candidates:
+        try:
+            return jwt.PyJWK(jwk, algorithm=alg).key
+        except (jwt.PyJWKError, jwt.InvalidKeyError, ValueError, TypeError):
+            continue
+    return None
+
+
+def _resolve_key(issuer: ExternalIssuer, *, kid: str | None, alg: str) -> Any:
+    if alg.upper().startswith("HS"):
+        return issuer.shared_secret
+    if issuer.static_keys:
+        key = _pick_key(issuer.static_keys, kid=kid, alg=alg)
+        if key is not None:
+            return key
+    if issuer.jwks_url:
+        try:
+            key = _pick_key(get_jwks(issuer.jwks_url), kid=kid, alg=alg)
+            if key is None:
+                key = _pick_key(get_jwks(issuer.jwks_url, refresh=True), kid=kid, alg=alg)
+        except JwksUnavailable as exc:
+            logger.warning("issuer %s: %s", issuer.pk, exc)
+            raise JwtRejected(f"JWKS unavailable: {exc}", "Token signing keys are unavailable") from None
+        if key is not None:
+            return key
+    raise JwtRejected(f"no key for kid={kid!r} alg={alg}", "Token signed with an unknown key")
+
+
+def _scopes(issuer: ExternalIssuer, claims: dict[str, Any]) -> frozenset[str]:
+    value = claims.get(issuer.scopes_claim)
+    if value is None and issuer.scopes_claim == ExternalIssuer.ScopesClaim.SCOPE:
+        value = claims.get("scp")
+    if isinstance(value, str):
+        return frozenset(value.split())
+    if isinstance(value, list):
+        return frozenset(str(v) for v in value)
+    return frozenset()
+
+
+def _verify_with(
+    issuer: ExternalIssuer, *, token: str, header: dict[str, Any], resource_url: str
+) -> dict[str, Any]:
+    alg = str(header.get("alg", ""))
+    if alg not in issuer.allowed_algorithms():
+        raise JwtRejected(f"algorithm {alg!r} not allowed", "Token algorithm not allowed")
+    kid = header.get("kid")
+    key = _resolve_key(issuer, kid=str(kid) if kid is not None else None, alg=alg)
+    audience = issuer.audience or canonical_resource(resource_url)
+    try:
+        claims: dict[str, Any] = jwt.decode(
+            token,
+            key=key,
+            algorithms=[alg],
+            audience=audience,
+            issuer=issuer.issuer,
+            leeway=issuer.leeway_s,
+            options={"require": ["exp", "iss", "aud"], "verify_signature": True},
+        )
+    except jwt.ExpiredSignatureError:
+        raise JwtRejected("expired", "Access token expired") from None
+    except jwt.ImmatureSignatureError:
+        raise JwtRejected("not yet valid (nbf/iat)", "Access token not yet valid") from None
+    except jwt.InvalidAudienceError:
+        raise JwtRejected("wrong audience", "Access token was not issued for this resource") from None
+    except jwt.InvalidIssuerError:
+        raise JwtRejected("wrong issuer") from None
+    except jwt.InvalidSignatureError:
+        raise JwtRejected("bad signature") from None
+    except jwt.PyJWTError as exc:
+        raise JwtRejected(f"invalid: {type(exc).__name__}") from None
+    if issuer.tenant_claim:
+        expected = issuer.tenant_claim_value or issuer.tenant.slug
+        value = claims.get(issuer.tenant_claim)
+        values = [str(v) for v in value] if isinstance(value, list) else [str(value)]
+        if value is None or expected not in values:
+            raise JwtRejected("tenant claim mismatch", "Access token is not for this tenant")
+    return claims
+
+
+def verify_external_jwt(*, token: str, resource_url: str) -> AuthContext:
+    """Verify ``token`` against the active external issuers naming its ``iss``; raise JwtRejected."""
+    from .services import get_or_create_principal
+
+    try:
+        header = jwt.get_unverified_header(token)
+        unverified = jwt.decode(token, options={"verify_signature": False})
+    except jwt.PyJWTError:
+        raise JwtRejected("not a JWT") from None
+    if str(header.get("alg", "")).lower() == "none":
+        raise JwtRejected("alg none", "Token algorithm not allowed")
+    iss = unverified.get("iss")
+    if not isinstance(iss, str):
+        raise JwtRejected("no iss")
+    issuers = list(
+        ExternalIssuer.objects.select_related("tenant").filter(issuer=iss, active=True, tenant__active=True)
+    )
+    if not issuers:
+        raise JwtRejected("unknown issuer")
+    first_error: JwtRejected | None = None
+    for issuer in issuers:
+        try:
+            claims = _verify_with(issuer, token=token, header=header, resource_url=resource_url)
+        except JwtRejected as exc:
+            first_error = first_error or exc
+            continue
+        subject = claims.get(issuer.principal_claim)
+        if not isinstance(subject, str) or not subject:
+            raise JwtRejected(f"missing {issuer.principal_claim} claim")
+        kind = Principal.Kind.USER if issuer.principal_claim == "sub" else Principal.Kind.CLIENT
+        principal = get_or_create_principal(tenant=issuer.tenant, kind=kind, identifier=subject)
+        jti = claims.get("jti")
+        ref = f"jwt:{issuer.pk}:{jti}" if isinstance(jti, str) else f"jwt:{issuer.pk}"
+        return AuthContext(
+            tenant_id=issuer.tenant_id,
+            tenant_slug=issuer.tenant.slug,
+            principal_id=principal.pk,
+            principal_name=principal.name or principal.identifier,
+            scopes=_scopes(issuer, claims),
+            anonymous=False,
+            credential_ref=ref[:200],
+        )
+    assert first_error is not None
+    raise first_error

@@ -1,0 +1,62 @@
+"""``manage.py mcptasks_tenant``: create tenants, mint tokens, register OAuth applications."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from tenants import cli
+
+
+class Command(BaseCommand):
+    help = "Manage tenants: create SLUG | token SLUG | list | app SLUG."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True)
+        p = sub.add_parser("create", help="create a tenant")
+        p.add_argument("slug")
+        p.add_argument("--name", default="")
+        p = sub.add_parser("token", help="print a bearer token (last line of output)")
+        p.add_argument("slug")
+        p.add_argument("--principal", default="cli")
+        p.add_argument("--scopes", nargs="+", default=None, help="default: mcp:tools mcp:tasks")
+        p.add_argument("--expires-s", type=int, default=None, dest="expires_s")
+        p.add_argument(
+            "--resource", default=None, help="bind to this MCP URL (default: MCPTASKS_PUBLIC_URL + MCP path)"
+        )
+        sub.add_parser("list", help="list tenants")
+        p = sub.add_parser("app", help="register an OAuth application of a tenant")
+        p.add_argument("slug")
+        p.add_argument("--name", default="client")
+        p.add_argument(
+            "--grant", choices=["client-credentials", "authorization-code"], default="client-credentials"
+        )
+        p.add_argument("--redirect-uri", action="append", dest="redirect_uris", default=None)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        action = options["action"]
+        try:
+            if action == "create":
+                lines = cli.create(slug=options["slug"], name=options["name"])
+            elif action == "token":
+                lines = cli.token(
+                    slug=options["slug"],
+                    principal=options["principal"],
+                    scopes=options["scopes"],
+                    expires_s=options["expires_s"],
+                    resource=options["resource"],
+                )
+            elif action == "list":
+                lines = cli.list_tenants()
+            else:
+                lines = cli.app(
+                    slug=options["slug"],
+                    name=options["name"],
+                    grant=options["grant"],
+                    redirect_uris=options["redirect_uris"],
+                )
+        except cli.CliError as exc:
+            raise CommandError(str(exc)) from None
+        for line in lines:
+            self.stdout.write(line)

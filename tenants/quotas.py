@@ -1,0 +1,116 @@
+"""Concurrency quotas: non-terminal tasks per tenant and per principal.
+
+The counters ``Tenant.active_tasks`` and ``Principal.active_tasks`` change only through
+single-row conditional UPDATEs (``SET n = n + 1 WHERE n < limit``). The database applies the
+condition to the latest committed row version while holding the row lock (PostgreSQL
+re-checks the WHERE clause after waiting for a concurrent writer; SQLite serialises writers),
+so two processes can never both take the last slot. Nothing is read and then written.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F, Q
+
+from mcptasks.protocol.errors import QUOTA_EXCEEDED, McpError
+
+from .models import Principal, Tenant
+
+
+class QuotaExceeded(McpError):
+    """A task cannot be created: a concurrency limit is reached. JSON-RPC code -32010.
+
+    ``data`` is ``{"limit": N, "scope": "tenant" | "principal"}``.
+    """
+
+    def __init__(self, message: str, data: dict[str, Any]) -> None:
+        super().__init__(QUOTA_EXCEEDED, message, data)
+
+
+def acquire_task_slot(*, tenant_id: int, principal_id: int) -> None:
+    """Take one concurrency slot for a new non-terminal task of ``principal_id`` in ``tenant_id``.
+
+    Must run inside the caller's ``transaction.atomic()`` that also creates the task, so the
+    slot and the task commit or roll back together. Works in a savepoint of its own: on
+    :class:`QuotaExceeded` no counter has changed, even if the caller catches the error.
+    Limits are read in the same statement as the increment (tenant) or from the tenant row
+    this transaction has just locked (principal), so admin edits apply immediately.
+    """
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("acquire_task_slot() must be called inside transaction.atomic()")
+    with transaction.atomic():
+        # Tenant: one UPDATE that both checks the limit column and increments (and locks the row).
+        took = (
+            Tenant.objects.filter(pk=tenant_id)
+            .filter(Q(max_concurrent_tasks__isnull=True) | Q(active_tasks__lt=F("max_concurrent_tasks")))
+            .update(active_tasks=F("active_tasks") + 1)
+        )
+        if took != 1:
+            limit = Tenant.objects.filter(pk=tenant_id).values_list("max_concurrent_tasks", flat=True).first()
+            if limit is None and not Tenant.objects.filter(pk=tenant_id).exists():
+                raise QuotaExceeded("Unknown tenant", {"limit": 0, "scope": "tenant"})
+            raise QuotaExceeded(
+                f"Too many concurrent tasks for this tenant (limit {limit}); "
+                "wait for a task to finish or cancel one",
+                {"limit": limit, "scope": "tenant"},
+            )
+        # The tenant row is now locked by this transaction: its per-principal limit is stable.
+        per_principal = (
+            Tenant.objects.filter(pk=tenant_id)
+            .values_list("max_concurrent_tasks_per_principal", flat=True)
+            .first()
+        )
+        principal_rows = Principal.objects.filter(pk=principal_id, tenant_id=tenant_id)
+        if per_principal is not None:
+            principal_rows = principal_rows.filter(active_tasks__lt=per_principal)
+        took = principal_rows.update(active_tasks=F("active_tasks") + 1)
+        if took != 1:
+            # Raising leaves the savepoint: the tenant increment above is rolled back.
+            raise QuotaExceeded(
+                f"Too many concurrent tasks for this principal (limit {per_principal}); "
+                "wait for a task to finish or cancel one",
+                {"limit": per_principal if per_principal is not None else 0, "scope": "principal"},
+            )
+
+
+def release_task_slot(*, tenant_id: int, principal_id: int) -> None:
+    """Give back the slot of a task that reached a terminal status (or was deleted unfinished).
+
+    Call exactly once per acquired slot, in the transaction that makes the task terminal.
+    Counters never go below zero.
+    """
+    Tenant.objects.filter(pk=tenant_id, active_tasks__gt=0).update(active_tasks=F("active_tasks") - 1)
+    Principal.objects.filter(pk=principal_id, active_tasks__gt=0).update(active_tasks=F("active_tasks") - 1)
+
+
+def recount_active_tasks(*, tenant_id: int | None = None, kinds: tuple[str, ...] = ("task",)) -> int:
+    """Repair the counters from the Task table (after a crash or manual edits); returns rows fixed.
+
+    Counts ``mcptasks.Task`` rows of ``kinds`` whose status is not terminal. Run while no
+    task is being created for the tenant (e.g. from a management command).
+    """
+    from django.apps import apps
+    from django.db.models import Count
+
+    task_model = apps.get_model("mcptasks", "Task")
+    terminal = ("completed", "failed", "cancelled")
+    fixed = 0
+    with transaction.atomic():
+        tenants = Tenant.objects.select_for_update()
+        if tenant_id is not None:
+            tenants = tenants.filter(pk=tenant_id)
+        for tenant in tenants:
+            live = task_model.objects.filter(tenant_id=tenant.pk, kind__in=kinds).exclude(status__in=terminal)
+            total = live.count()
+            if tenant.active_tasks != total:
+                Tenant.objects.filter(pk=tenant.pk).update(active_tasks=total)
+                fixed += 1
+            per = dict(live.values("principal_id").annotate(n=Count("pk")).values_list("principal_id", "n"))
+            for principal in Principal.objects.select_for_update().filter(tenant_id=tenant.pk):
+                want = per.get(principal.pk, 0)
+                if principal.active_tasks != want:
+                    Principal.objects.filter(pk=principal.pk).update(active_tasks=want)
+                    fixed += 1
+    return fixed

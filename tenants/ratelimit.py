@@ -1,0 +1,137 @@
+"""Per-tenant request rate limits, shared across processes through the Django cache.
+
+Three operation classes, each with its own per-minute budget on the Tenant row (null:
+unlimited): ``create`` (task-augmented requests that create a task), ``read`` (``tasks/get``,
+``tasks/list``, ``tasks/result``) and ``other`` (every other MCP request).
+
+Counting uses a sliding-window counter: one cache counter per tenant, class and minute
+(``cache.add`` + ``cache.incr``: atomic in Redis, lock-protected in local memory), and the
+estimate ``previous_minute * (1 - elapsed_fraction) + current_minute``. A refused request
+is not counted. Limits are re-read from the database every few seconds (admin edits apply
+without restart).
+
+Polling: :func:`note_poll` charges one *extra* read when the same principal polls the same
+task (``tasks/get``) again sooner than the task's ``pollInterval`` — a client that respects
+``pollInterval`` pays one read per poll, one that ignores it pays two.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from typing import Any, Literal
+
+from django.core.cache import cache
+
+from mcptasks.protocol.errors import RATE_LIMITED, McpError
+
+from .auth import AuthContext
+from .selectors import tenant_row
+
+OpClass = Literal["create", "read", "other"]
+WINDOW_S = 60
+
+
+class RateLimited(McpError):
+    """Over the tenant's budget for ``op_class``: answer HTTP 429 with ``Retry-After``.
+
+    JSON-RPC code -32011; ``data`` is ``{"limit": N, "opClass": ..., "retryAfterS": S,
+    "windowS": 60}``.
+    """
+
+    def __init__(self, retry_after_s: int, limit: int, op_class: OpClass) -> None:
+        self.retry_after_s = retry_after_s
+        self.limit = limit
+        self.op_class = op_class
+        super().__init__(
+            RATE_LIMITED,
+            f"Rate limit exceeded: at most {limit} {op_class} requests per minute for this tenant; "
+            f"retry after {retry_after_s} s",
+            {"limit": limit, "opClass": op_class, "retryAfterS": retry_after_s, "windowS": WINDOW_S},
+        )
+
+    @property
+    def http_status(self) -> int:
+        """Always 429."""
+        return 429
+
+    def http_headers(self) -> dict[str, str]:
+        """``Retry-After`` in whole seconds."""
+        return {"Retry-After": str(self.retry_after_s)}
+
+    def response_body(self, request_id: Any = None) -> dict[str, Any]:
+        """A JSON-RPC error response (``id`` is the request's, or null)."""
+        return {"jsonrpc": "2.0", "id": request_id, "error": self.to_error()}
+
+
+def _limit_for(auth: AuthContext, op_class: OpClass) -> int | None:
+    row = tenant_row(tenant_id=auth.tenant_id)
+    return {
+        "create": row.rate_create_per_min,
+        "read": row.rate_read_per_min,
+        "other": row.rate_other_per_min,
+    }[op_class]
+
+
+def _key(tenant_id: int, op_class: str, window: int) -> str:
+    return f"tenants:rl:{tenant_id}:{op_class}:{window}"
+
+
+def _incr(key: str) -> int:
+    cache.add(key, 0, timeout=WINDOW_S * 2 + 5)
+    try:
+        return int(cache.incr(key))
+    except ValueError:  # expired between add and incr
+        cache.add(key, 0, timeout=WINDOW_S * 2 + 5)
+        return int(cache.incr(key))
+
+
+def _charge(*, tenant_id: int, op_class: OpClass, limit: int, now: float) -> None:
+    window = int(now // WINDOW_S)
+    elapsed = now - window * WINDOW_S
+    weight = 1.0 - elapsed / WINDOW_S
+    previous = int(cache.get(_key(tenant_id, op_class, window - 1)) or 0)
+    key = _key(tenant_id, op_class, window)
+    current = _incr(key)
+    if previous * weight + current <= limit:
+        return
+    with contextlib.suppress(ValueError):
+        cache.decr(key)  # refused requests do not count
+    raise RateLimited(max(1, math.ceil(_retry_after(previous, current - 1, limit, elapsed))), limit, op_class)
+
+
+def _retry_after(previous: int, current: int, limit: int, elapsed: float) -> float:
+    """Seconds until one more request fits the sliding-window estimate (``current``: accepted)."""
+    if current + 1 <= limit and previous > 0:
+        # Within this window: previous * (1 - (elapsed + t) / W) + current + 1 <= limit.
+        return max(0.0, (1 - (limit - 1 - current) / previous) * WINDOW_S - elapsed)
+    # In the next window, this window's count decays: current * (1 - s / W) + 1 <= limit.
+    decay = max(0.0, 1 - (limit - 1) / current) * WINDOW_S if current > 0 else 0.0
+    return (WINDOW_S - elapsed) + decay
+
+
+def check_rate(*, auth: AuthContext, op_class: OpClass) -> None:
+    """Count one ``op_class`` request of ``auth``'s tenant; raise :class:`RateLimited` if over budget."""
+    limit = _limit_for(auth, op_class)
+    if limit is None:
+        return
+    _charge(tenant_id=auth.tenant_id, op_class=op_class, limit=limit, now=time.time())
+
+
+def note_poll(*, auth: AuthContext, task_id: str, poll_interval_ms: int) -> None:
+    """Record a ``tasks/get`` of ``task_id``; a poll sooner than ``poll_interval_ms`` after the
+    previous one by the same principal costs one extra read (may raise :class:`RateLimited`).
+
+    Call it in addition to ``check_rate(op_class="read")``.
+    """
+    now = time.time()
+    key = f"tenants:poll:{auth.principal_id}:{task_id}"
+    previous = cache.get(key)
+    cache.set(key, now, timeout=max(WINDOW_S, math.ceil(poll_interval_ms / 1000) * 2))
+    if previous is None or (now - float(previous)) * 1000 >= poll_interval_ms:
+        return
+    limit = _limit_for(auth, "read")
+    if limit is None:
+        return
+    _charge(tenant_id=auth.tenant_id, op_class="read", limit=limit, now=now)

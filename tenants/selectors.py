@@ -1,0 +1,95 @@
+"""Read-side helpers: a tenant's effective limits, re-read from the database every few seconds."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from mcptasks import conf as mcp_conf
+
+from . import conf
+from .models import Tenant
+
+_LIMIT_FIELDS = (
+    "max_concurrent_tasks",
+    "max_concurrent_tasks_per_principal",
+    "default_ttl_ms",
+    "max_ttl_ms",
+    "poll_interval_ms",
+    "rate_create_per_min",
+    "rate_read_per_min",
+    "rate_other_per_min",
+)
+
+
+@dataclass(frozen=True)
+class TenantRow:
+    """The limit columns of one tenant (None: unset)."""
+
+    max_concurrent_tasks: int | None = None
+    max_concurrent_tasks_per_principal: int | None = None
+    default_ttl_ms: int | None = None
+    max_ttl_ms: int | None = None
+    poll_interval_ms: int | None = None
+    rate_create_per_min: int | None = None
+    rate_read_per_min: int | None = None
+    rate_other_per_min: int | None = None
+
+
+@dataclass(frozen=True)
+class TaskLimits:
+    """What applies to tasks of one tenant now. ``None`` concurrency means unlimited."""
+
+    default_ttl_ms: int
+    max_ttl_ms: int
+    poll_interval_ms: int
+    max_concurrent_tasks: int | None
+    max_concurrent_tasks_per_principal: int | None
+
+
+_cache: dict[int, tuple[float, TenantRow]] = {}
+_lock = threading.Lock()
+
+
+def tenant_row(*, tenant_id: int) -> TenantRow:
+    """The tenant's limit columns, cached in-process for at most ``LIMITS_CACHE_S`` seconds."""
+    ttl = conf.get().LIMITS_CACHE_S
+    now = time.monotonic()
+    with _lock:
+        hit = _cache.get(tenant_id)
+    if hit is not None and hit[0] > now:
+        return hit[1]
+    values = Tenant.objects.filter(pk=tenant_id).values(*_LIMIT_FIELDS).first()
+    row = TenantRow(**values) if values else TenantRow()
+    if ttl > 0:
+        with _lock:
+            _cache[tenant_id] = (now + ttl, row)
+    return row
+
+
+def clear_limits_cache() -> None:
+    """Forget cached tenant limits (tests; after an edit that must apply at once)."""
+    with _lock:
+        _cache.clear()
+
+
+def effective_limits(*, tenant_id: int) -> TaskLimits:
+    """The tenant's task limits, each falling back to the global ``MCPTASKS_TASK_*`` setting.
+
+    The default ttl is clamped to the max ttl, so a task created without ``ttl`` is always valid.
+    Values are at most ``LIMITS_CACHE_S`` seconds old (admin edits apply without restart).
+    """
+    g = mcp_conf.get()
+    row = tenant_row(tenant_id=tenant_id)
+    max_ttl = row.max_ttl_ms if row.max_ttl_ms is not None else g.TASK_MAX_TTL_MS
+    default_ttl = row.default_ttl_ms if row.default_ttl_ms is not None else g.TASK_DEFAULT_TTL_MS
+    return TaskLimits(
+        default_ttl_ms=min(default_ttl, max_ttl),
+        max_ttl_ms=max_ttl,
+        poll_interval_ms=row.poll_interval_ms
+        if row.poll_interval_ms is not None
+        else g.TASK_POLL_INTERVAL_MS,
+        max_concurrent_tasks=row.max_concurrent_tasks,
+        max_concurrent_tasks_per_principal=row.max_concurrent_tasks_per_principal,
+    )

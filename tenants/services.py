@@ -1,0 +1,160 @@
+"""Write-side helpers for tenants, principals and built-in-AS credentials."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import timedelta
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from oauth2_provider.models import get_access_token_model, get_application_model, set_token_value
+from oauth2_provider.settings import oauth2_settings
+
+from mcptasks import conf as mcp_conf
+
+from .conf import MCP_SCOPES, normalize_uri
+from .models import Principal, Tenant, TenantApplication
+
+ANONYMOUS_IDENTIFIER = "anonymous"
+
+
+def get_or_create_tenant(*, slug: str, name: str = "") -> Tenant:
+    """The tenant ``slug``, created (active, no limits) if missing."""
+    tenant, _ = Tenant.objects.get_or_create(slug=slug, defaults={"name": name or slug})
+    return tenant
+
+
+def default_tenant() -> Tenant:
+    """The tenant named by ``MCPTASKS_DEFAULT_TENANT`` (created on demand)."""
+    return get_or_create_tenant(slug=mcp_conf.get().DEFAULT_TENANT)
+
+
+def get_or_create_principal(*, tenant: Tenant, kind: str, identifier: str, name: str = "") -> Principal:
+    """The principal ``(tenant, kind, identifier)``, created if missing (race-safe)."""
+    try:
+        principal, _ = Principal.objects.get_or_create(
+            tenant=tenant, kind=kind, identifier=identifier[:255], defaults={"name": name[:200]}
+        )
+    except IntegrityError:  # a concurrent request created it first
+        principal = Principal.objects.get(tenant=tenant, kind=kind, identifier=identifier[:255])
+    return principal
+
+
+def anonymous_principal(*, tenant: Tenant) -> Principal:
+    """The single anonymous principal of ``tenant``."""
+    return get_or_create_principal(
+        tenant=tenant, kind=Principal.Kind.ANONYMOUS, identifier=ANONYMOUS_IDENTIFIER, name="anonymous"
+    )
+
+
+def _check_scopes(scopes: list[str]) -> list[str]:
+    unknown = [s for s in scopes if s not in MCP_SCOPES]
+    if unknown:
+        raise ValueError(f"unknown scope(s): {' '.join(unknown)}; known: {' '.join(MCP_SCOPES)}")
+    return scopes
+
+
+def create_client_application(*, tenant: Tenant, principal_name: str) -> tuple[TenantApplication, str]:
+    """A confidential client-credentials application of ``tenant`` and its client principal.
+
+    Returns the link row and the client secret in plaintext (stored hashed; shown only once).
+    """
+    app_model = get_application_model()
+    secret = secrets.token_urlsafe(32)
+    with transaction.atomic():
+        app = app_model.objects.create(
+            name=f"{tenant.slug}:{principal_name}"[:255],
+            client_type=app_model.CLIENT_CONFIDENTIAL,
+            authorization_grant_type=app_model.GRANT_CLIENT_CREDENTIALS,
+            client_secret=secret,
+            hash_client_secret=True,
+        )
+        principal = get_or_create_principal(
+            tenant=tenant, kind=Principal.Kind.CLIENT, identifier=app.client_id, name=principal_name
+        )
+        link = TenantApplication.objects.create(application=app, tenant=tenant, principal=principal)
+    return link, secret
+
+
+def create_authorization_code_application(
+    *, tenant: Tenant, name: str, redirect_uris: list[str], confidential: bool = False
+) -> tuple[TenantApplication, str | None]:
+    """An interactive (authorization code + PKCE S256) application of ``tenant``.
+
+    Public by default (no secret; PKCE protects the code). Returns the link and the plaintext
+    client secret for a confidential client, else None. Tokens act as the resource owner
+    (a ``user`` principal named by the Django username).
+    """
+    app_model = get_application_model()
+    secret = secrets.token_urlsafe(32) if confidential else ""
+    with transaction.atomic():
+        app = app_model.objects.create(
+            name=f"{tenant.slug}:{name}"[:255],
+            client_type=app_model.CLIENT_CONFIDENTIAL if confidential else app_model.CLIENT_PUBLIC,
+            authorization_grant_type=app_model.GRANT_AUTHORIZATION_CODE,
+            redirect_uris=" ".join(redirect_uris),
+            client_secret=secret,
+            hash_client_secret=True,
+        )
+        link = TenantApplication.objects.create(application=app, tenant=tenant)
+    return link, (secret or None)
+
+
+def _cli_application(*, tenant: Tenant, principal_name: str) -> TenantApplication:
+    app_model = get_application_model()
+    link = (
+        TenantApplication.objects.select_related("application", "principal")
+        .filter(
+            tenant=tenant,
+            principal__name=principal_name,
+            principal__kind=Principal.Kind.CLIENT,
+            application__authorization_grant_type=app_model.GRANT_CLIENT_CREDENTIALS,
+        )
+        .order_by("pk")
+        .first()
+    )
+    if link is None:
+        link, _secret = create_client_application(tenant=tenant, principal_name=principal_name)
+    return link
+
+
+def default_token_resource() -> str | None:
+    """Resource (audience) of tokens minted without a request: ``PUBLIC_URL + MCP_PATH`` or None."""
+    c = mcp_conf.get()
+    return normalize_uri(c.PUBLIC_URL.rstrip("/") + c.MCP_PATH) if c.PUBLIC_URL else None
+
+
+def issue_token(
+    *,
+    tenant: Tenant,
+    principal_name: str = "cli",
+    scopes: list[str] | None = None,
+    expires_s: int | None = None,
+    resource: str | None = None,
+) -> str:
+    """Mint an access token of the built-in AS for ``principal_name`` in ``tenant``.
+
+    Creates (or reuses) a confidential client-credentials application for that principal.
+    ``scopes`` defaults to ``mcp:tools mcp:tasks``; ``expires_s`` to
+    ``MCPTASKS_ACCESS_TOKEN_EXPIRE_S``. ``resource`` (RFC 8707 audience) defaults to
+    ``PUBLIC_URL + MCP_PATH``; without PUBLIC_URL and without ``resource`` the token is bound
+    to no particular URL of this server (DOT's "unrestricted" token) — pass the MCP endpoint
+    URL (e.g. ``http://127.0.0.1:8000/mcp``) to bind it. Only the SHA-256 checksum is stored;
+    the plaintext is returned exactly once.
+    """
+    scope_list = _check_scopes(list(scopes) if scopes else list(oauth2_settings.DEFAULT_SCOPES))
+    link = _cli_application(tenant=tenant, principal_name=principal_name)
+    lifetime = expires_s if expires_s is not None else oauth2_settings.ACCESS_TOKEN_EXPIRE_SECONDS
+    bound = normalize_uri(resource) if resource else default_token_resource()
+    raw = secrets.token_urlsafe(32)
+    token_model = get_access_token_model()
+    access = token_model(
+        application=link.application,
+        user=None,
+        expires=timezone.now() + timedelta(seconds=lifetime),
+        scope=" ".join(scope_list),
+        resource=[bound] if bound else [],
+    )
+    set_token_value(access, raw)
+    access.save()
+    return raw
