@@ -378,7 +378,9 @@ class McpConsumer(AsyncHttpConsumer):
         payload = json.loads(data)
         if payload.get("_close"):
             # The tool asked to close the connection (not the stream): the client resumes.
-            await self._close(hint_retry=True)
+            # A resumed connection has already been through that point, so it stays open.
+            if self.mode == "request":
+                await self._close(hint_retry=True)
             return
         if payload.get("_end"):
             await self._close()
