@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 from django.core.cache import cache
-from tenants_testutil import ISSUER, RESOURCE, JwksServer, KeyPair
 
 from tenants.selectors import clear_limits_cache
+from tests.tenants.tenants_testutil import ISSUER, RESOURCE, JwksServer, KeyPair
 
 
 @pytest.fixture(autouse=True)

@@ -38,8 +38,14 @@ def _refused(token: str | None, resource_url: str, query: str = "", status: int 
 
 
 def test_prm_url_is_path_inserted() -> None:
-    assert prm_url("http://127.0.0.1:8000/mcp") == "http://127.0.0.1:8000/.well-known/oauth-protected-resource/mcp"
-    assert prm_url("HTTPS://Example.COM:443/mcp/") == "https://example.com/.well-known/oauth-protected-resource/mcp"
+    assert (
+        prm_url("http://127.0.0.1:8000/mcp")
+        == "http://127.0.0.1:8000/.well-known/oauth-protected-resource/mcp"
+    )
+    assert (
+        prm_url("HTTPS://Example.COM:443/mcp/")
+        == "https://example.com/.well-known/oauth-protected-resource/mcp"
+    )
 
 
 def test_valid_token_gives_tenant_and_principal(tenant: Any, resource_url: str) -> None:
@@ -81,7 +87,9 @@ def test_garbage_and_other_schemes(tenant: Any, resource_url: str) -> None:
     err = _refused("not-a-real-token", resource_url)
     assert 'error="invalid_token"' in err.headers["WWW-Authenticate"]
     with pytest.raises(AuthError) as info:
-        authenticate(headers={"authorization": "Basic dXNlcjpwYXNz"}, query_string="", resource_url=resource_url)
+        authenticate(
+            headers={"authorization": "Basic dXNlcjpwYXNz"}, query_string="", resource_url=resource_url
+        )
     assert info.value.status == 401
     _refused("bad token with spaces", resource_url)
 
@@ -120,8 +128,9 @@ def test_public_url_is_the_canonical_resource(tenant: Any, settings: Any) -> Non
     with pytest.raises(AuthError) as info:
         _auth(issue_token(tenant=tenant, resource="http://10.0.0.5:8000/mcp"), "http://10.0.0.5:8000/mcp")
     assert info.value.status == 401
-    assert 'resource_metadata="https://mcp.example.com/.well-known/oauth-protected-resource/mcp"' in (
-        info.value.headers["WWW-Authenticate"]
+    assert (
+        'resource_metadata="https://mcp.example.com/.well-known/oauth-protected-resource/mcp"'
+        in (info.value.headers["WWW-Authenticate"])
     )
 
 
@@ -135,7 +144,10 @@ def test_application_without_tenant_is_refused(tenant: Any, resource_url: str) -
         authorization_grant_type=app_model.GRANT_CLIENT_CREDENTIALS,
     )
     access = get_access_token_model()(
-        application=app, expires=timezone.now() + timedelta(hours=1), scope="mcp:tools", resource=[resource_url]
+        application=app,
+        expires=timezone.now() + timedelta(hours=1),
+        scope="mcp:tools",
+        resource=[resource_url],
     )
     set_token_value(access, "stray-token-value-0123456789")
     access.save()

@@ -9,10 +9,10 @@ from typing import Any
 
 import jwt
 import pytest
-from tenants_testutil import ISSUER, KeyPair, jwt_claims
 
 from tenants.auth import AuthError, authenticate
 from tenants.models import ExternalIssuer, Principal
+from tests.tenants.tenants_testutil import ISSUER, KeyPair, jwt_claims
 
 pytestmark = pytest.mark.django_db
 
@@ -20,7 +20,9 @@ PRM = "http://testserver/.well-known/oauth-protected-resource/mcp"
 
 
 def _auth(token: str, resource_url: str) -> Any:
-    return authenticate(headers={"authorization": f"Bearer {token}"}, query_string="", resource_url=resource_url)
+    return authenticate(
+        headers={"authorization": f"Bearer {token}"}, query_string="", resource_url=resource_url
+    )
 
 
 def _refused(token: str, resource_url: str) -> AuthError:

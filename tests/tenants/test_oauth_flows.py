@@ -18,7 +18,9 @@ pytestmark = pytest.mark.django_db
 
 
 def _auth(token: str, resource_url: str) -> Any:
-    return authenticate(headers={"authorization": f"Bearer {token}"}, query_string="", resource_url=resource_url)
+    return authenticate(
+        headers={"authorization": f"Bearer {token}"}, query_string="", resource_url=resource_url
+    )
 
 
 def test_client_credentials_round_trip(tenant: Any, resource_url: str) -> None:
@@ -49,7 +51,11 @@ def test_client_credentials_without_resource_is_bound_to_this_server(tenant: Any
     link, secret = create_client_application(tenant=tenant, principal_name="ci-bot")
     response = Client().post(
         "/o/token/",
-        {"grant_type": "client_credentials", "client_id": link.application.client_id, "client_secret": secret},
+        {
+            "grant_type": "client_credentials",
+            "client_id": link.application.client_id,
+            "client_secret": secret,
+        },
     )
     assert response.status_code == 200, response.content
     token = response.json()["access_token"]
@@ -77,7 +83,11 @@ def test_wrong_client_secret(tenant: Any) -> None:
     link, _ = create_client_application(tenant=tenant, principal_name="ci-bot")
     response = Client().post(
         "/o/token/",
-        {"grant_type": "client_credentials", "client_id": link.application.client_id, "client_secret": "nope"},
+        {
+            "grant_type": "client_credentials",
+            "client_id": link.application.client_id,
+            "client_secret": "nope",
+        },
     )
     assert response.status_code == 401
 
@@ -138,7 +148,9 @@ def test_authorization_code_needs_pkce(tenant: Any, django_user_model: Any) -> N
         assert "error=" in response["Location"] and "code=" not in response["Location"]
 
 
-@pytest.mark.parametrize("path", ["/.well-known/oauth-protected-resource", "/.well-known/oauth-protected-resource/mcp"])
+@pytest.mark.parametrize(
+    "path", ["/.well-known/oauth-protected-resource", "/.well-known/oauth-protected-resource/mcp"]
+)
 def test_protected_resource_metadata(path: str, external_issuer: Any) -> None:
     response = Client().get(path)
     assert response.status_code == 200

@@ -1,0 +1,54 @@
+"""Tools that make faults observable: they record every run in a database-side counter."""
+
+from __future__ import annotations
+
+import asyncio
+
+from django.db import connection, transaction
+
+from mcptasks.registry import ToolContext, tool
+
+from .models import RunRecord
+
+
+def _record(task_key: str, attempt: int, event: str) -> None:
+    with transaction.atomic():
+        RunRecord.objects.create(task_key=task_key, attempt=attempt, event=event)
+    connection.close()
+
+
+async def _arecord(key: str, attempt: int, event: str) -> None:
+    await asyncio.to_thread(_record, key, attempt, event)
+
+
+@tool(task_support="optional", retryable=True, description="Records start/end in the database; sleeps ms.")
+async def test_counted_retryable(key: str, ms: int = 1000, ctx: ToolContext | None = None) -> str:
+    assert ctx is not None
+    await _arecord(key, ctx.attempt, "start")
+    await asyncio.sleep(ms / 1000)
+    await _arecord(key, ctx.attempt, "end")
+    return f"done {key} attempt {ctx.attempt}"
+
+
+@tool(task_support="optional", retryable=False, description="Records start/end in the database; sleeps ms.")
+async def test_counted_once(key: str, ms: int = 1000, ctx: ToolContext | None = None) -> str:
+    assert ctx is not None
+    await _arecord(key, ctx.attempt, "start")
+    await asyncio.sleep(ms / 1000)
+    await _arecord(key, ctx.attempt, "end")
+    return f"done {key} attempt {ctx.attempt}"
+
+
+@tool(task_support="optional", timeout_s=0.5, description="Sleeps past its 0.5 s timeout.")
+async def test_timeout(ms: int = 5000) -> str:
+    await asyncio.sleep(ms / 1000)
+    return "should not happen"
+
+
+@tool(task_support="optional", max_concurrency=1, description="At most one runs at a time.")
+async def test_serial(key: str, ms: int = 300, ctx: ToolContext | None = None) -> str:
+    assert ctx is not None
+    await _arecord(key, ctx.attempt, "start")
+    await asyncio.sleep(ms / 1000)
+    await _arecord(key, ctx.attempt, "end")
+    return "ok"

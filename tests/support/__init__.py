@@ -1,0 +1,1 @@
+"""Shared test helpers: real server processes, an MCP HTTP client, schema validation."""

@@ -1,0 +1,205 @@
+"""Real processes for end-to-end tests: daphne servers and workers sharing one database.
+
+With ``DATABASE_URL=postgres://...`` (and ``REDIS_URL``) each test session gets its own
+PostgreSQL database and channel-layer prefix, so several daphne and worker processes can share
+them. Without, one SQLite file and the in-memory layer: a single daphne with its embedded worker.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse, urlunparse
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+
+FAST_SETTINGS = {
+    "MCPTASKS_WORKER_HEARTBEAT_S": "0.5",
+    "MCPTASKS_WORKER_LEASE_S": "3",
+    "MCPTASKS_WORKER_POLL_S": "0.5",
+    "MCPTASKS_TASK_RESULT_RECHECK_S": "1",
+    "MCPTASKS_SSE_KEEPALIVE_S": "5",
+    "MCPTASKS_WORKER_SHUTDOWN_GRACE_S": "3",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Proc:
+    """A child process with its log file."""
+
+    popen: subprocess.Popen[bytes]
+    log: Path
+    url: str = ""
+    base: str = ""
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: the process gets no chance to clean up (a crash)."""
+        if self.alive:
+            self.popen.send_signal(signal.SIGKILL)
+            self.popen.wait(10)
+
+    def terminate(self, timeout: float = 30) -> int | None:
+        """SIGTERM and wait."""
+        if self.alive:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                return self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.popen.returncode
+
+
+@dataclass
+class Stack:
+    """One database (+ channel prefix) that any number of processes share."""
+
+    env: dict[str, str]
+    backend: str  # "postgres" | "sqlite"
+    has_redis: bool
+    tmp: Path
+    procs: list[Proc] = field(default_factory=list)
+
+    @property
+    def multi_process(self) -> bool:
+        """Whether several processes can cooperate (needs PostgreSQL and Redis)."""
+        return self.backend == "postgres" and self.has_redis
+
+    def _spawn(self, args: list[str], name: str, extra_env: dict[str, str] | None = None) -> Proc:
+        log = self.tmp / f"{name}-{secrets.token_hex(3)}.log"
+        env = {**os.environ, **self.env, **(extra_env or {})}
+        fh = open(log, "wb")  # noqa: SIM115 - closed with the process
+        popen = subprocess.Popen(args, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
+        proc = Proc(popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def manage(self, *args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, **self.env, **(extra_env or {})}
+        return subprocess.run(
+            [sys.executable, "manage.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+            check=True,
+        )
+
+    def daphne(self, *, embedded_worker: bool | None = None, extra_env: dict[str, str] | None = None) -> Proc:
+        """Start a daphne process and wait until it answers."""
+        port = free_port()
+        if embedded_worker is None:
+            embedded_worker = not self.multi_process
+        env = {"MCPTASKS_EMBEDDED_WORKER": "1" if embedded_worker else "0", **(extra_env or {})}
+        proc = self._spawn(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "mcptasks.asgi:application"],
+            f"daphne-{port}",
+            env,
+        )
+        proc.base = f"http://127.0.0.1:{port}"
+        proc.url = f"{proc.base}/mcp"
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            if not proc.alive:
+                raise RuntimeError(f"daphne exited:\n{proc.log_text()}")
+            try:
+                if httpx.get(f"{proc.base}/healthz", timeout=1).status_code == 200:
+                    return proc
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"daphne did not start:\n{proc.log_text()}")
+
+    def worker(self, *, concurrency: int = 4, extra_env: dict[str, str] | None = None) -> Proc:
+        """Start an ``mcptasks_worker`` process and wait for it to run."""
+        proc = self._spawn(
+            [sys.executable, "manage.py", "mcptasks_worker", "--concurrency", str(concurrency)], "worker", extra_env
+        )
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            if "running (concurrency" in proc.log_text():
+                return proc
+            if not proc.alive:
+                raise RuntimeError(f"worker exited:\n{proc.log_text()}")
+            time.sleep(0.1)
+        raise RuntimeError(f"worker did not start:\n{proc.log_text()}")
+
+    def token(self, tenant: str = "acme", principal: str = "alice", scopes: str = "mcp:tools mcp:tasks") -> str:
+        """A bearer token from the built-in authorization server (last line of the command)."""
+        self.manage("mcptasks_tenant", "create", tenant)
+        out = self.manage("mcptasks_tenant", "token", tenant, "--principal", principal, "--scopes", *scopes.split())
+        return out.stdout.strip().splitlines()[-1]
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.alive:
+                proc.terminate(timeout=10)
+        self.procs.clear()
+
+
+def make_stack(tmp: Path) -> tuple[Stack, Any]:
+    """Create the shared database; returns the stack and a teardown callable."""
+    database_url = os.environ.get("DATABASE_URL", "")
+    redis_url = os.environ.get("REDIS_URL", "")
+    env = {
+        "SECRET_KEY": "e2e-" + secrets.token_hex(16),
+        "DEBUG": "1",
+        "ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "MCPTASKS_ALLOW_ANONYMOUS": "1",
+        "MCPTASKS_CONFORMANCE_FIXTURES": "1",
+        "MCPTASKS_EXTRA_APPS": "mcptasks.testing",
+        "MCPTASKS_CHANNEL_PREFIX": "e2e" + secrets.token_hex(4),
+        "MCPTASKS_VAR_DIR": str(tmp),
+        "LOG_LEVEL": "INFO",
+        **FAST_SETTINGS,
+    }
+    drop: Any = None
+    if database_url.startswith(("postgres://", "postgresql://")):
+        import psycopg
+
+        name = "mcpt_e2e_" + secrets.token_hex(4)
+        parts = urlparse(database_url)
+        admin_dsn = database_url
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        env["DATABASE_URL"] = urlunparse(parts._replace(path="/" + name))
+
+        def drop() -> None:
+            with psycopg.connect(admin_dsn, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+        backend = "postgres"
+    else:
+        env["DATABASE_URL"] = f"sqlite:///{tmp / 'e2e.sqlite3'}"
+        backend = "sqlite"
+    if redis_url:
+        env["REDIS_URL"] = redis_url
+    else:
+        env.pop("REDIS_URL", None)
+    stack = Stack(env=env, backend=backend, has_redis=bool(redis_url), tmp=tmp)
+    stack.manage("migrate", "--noinput")
+
+    def teardown() -> None:
+        stack.stop_all()
+        if drop is not None:
+            drop()
+
+    return stack, teardown

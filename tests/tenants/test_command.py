@@ -1,0 +1,59 @@
+"""``manage.py mcptasks_tenant``."""
+
+from __future__ import annotations
+
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from tenants.auth import authenticate
+from tenants.models import Tenant
+
+pytestmark = pytest.mark.django_db
+
+
+def _run(*args: str) -> list[str]:
+    out = StringIO()
+    call_command("mcptasks_tenant", *args, stdout=out)
+    return out.getvalue().splitlines()
+
+
+def test_create_and_token_last_line_works(resource_url: str) -> None:
+    assert "created" in _run("create", "globex", "--name", "Globex Corp")[-1]
+    assert Tenant.objects.get(slug="globex").name == "Globex Corp"
+    assert "already exists" in _run("create", "globex")[-1]
+    token = _run("token", "globex", "--principal", "ops", "--scopes", "mcp:tools", "mcp:tasks")[-1]
+    ctx = authenticate(
+        headers={"authorization": f"Bearer {token}"}, query_string="", resource_url=resource_url
+    )
+    assert ctx.tenant_slug == "globex" and ctx.principal_name == "ops"
+    assert ctx.scopes == frozenset({"mcp:tools", "mcp:tasks"})
+
+
+def test_token_bound_to_resource(resource_url: str) -> None:
+    _run("create", "globex")
+    token = _run("token", "globex", "--resource", resource_url, "--expires-s", "60")[-1]
+    headers = {"authorization": f"Bearer {token}"}
+    assert authenticate(headers=headers, query_string="", resource_url=resource_url).tenant_slug == "globex"
+    from tenants.auth import AuthError
+
+    with pytest.raises(AuthError):
+        authenticate(headers=headers, query_string="", resource_url="http://other:9/mcp")
+
+
+def test_errors() -> None:
+    with pytest.raises(CommandError, match="unknown tenant"):
+        _run("token", "nope")
+    _run("create", "globex")
+    with pytest.raises(CommandError, match="unknown scope"):
+        _run("token", "globex", "--scopes", "root")
+
+
+def test_list_and_app(tenant: Any) -> None:
+    assert _run("list")[0].startswith("acme\tactive")
+    lines = _run("app", "acme", "--name", "worker")
+    assert lines[0].startswith("client_id=") and lines[1].startswith("client_secret=")
+    lines = _run("app", "acme", "--grant", "authorization-code", "--redirect-uri", "http://127.0.0.1:9/cb")
+    assert lines[0].startswith("client_id=") and len(lines) == 2

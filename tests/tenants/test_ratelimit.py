@@ -1,0 +1,121 @@
+"""Per-tenant rate limits per operation class, and the pollInterval surcharge."""
+
+from __future__ import annotations
+
+from typing import Any
+from unittest import mock
+
+import pytest
+
+from tenants.auth import AuthContext
+from tenants.models import Tenant
+from tenants.ratelimit import RateLimited, _retry_after, check_rate, note_poll
+from tenants.selectors import clear_limits_cache
+
+pytestmark = pytest.mark.django_db
+
+T0 = 1_700_000_040.0  # 0 s into a minute window (1_700_000_040 % 60 == 0)
+
+
+@pytest.fixture
+def auth(tenant: Tenant) -> AuthContext:
+    return AuthContext(tenant_id=tenant.pk, tenant_slug=tenant.slug, principal_id=1, principal_name="p")
+
+
+def _set(tenant: Tenant, **limits: Any) -> None:
+    Tenant.objects.filter(pk=tenant.pk).update(**limits)
+    clear_limits_cache()
+
+
+def test_unlimited_by_default(auth: AuthContext) -> None:
+    for _ in range(50):
+        check_rate(auth=auth, op_class="create")
+
+
+def test_limit_per_class(tenant: Tenant, auth: AuthContext) -> None:
+    _set(tenant, rate_create_per_min=3, rate_read_per_min=None)
+    with mock.patch("tenants.ratelimit.time.time", return_value=T0 + 10):
+        for _ in range(3):
+            check_rate(auth=auth, op_class="create")
+        with pytest.raises(RateLimited) as info:
+            check_rate(auth=auth, op_class="create")
+        for _ in range(10):
+            check_rate(auth=auth, op_class="read")  # other class unaffected
+    err = info.value
+    assert err.http_status == 429
+    # 3 requests at 10 s: next window start + 20 s until 3 * (1 - s/60) + 1 <= 3.
+    assert err.retry_after_s == 70 and err.http_headers() == {"Retry-After": "70"}
+    assert err.limit == 3 and err.op_class == "create"
+    body = err.response_body(7)
+    assert body["id"] == 7 and body["error"]["code"] == -32011
+    assert body["error"]["data"] == {"limit": 3, "opClass": "create", "retryAfterS": 70, "windowS": 60}
+
+
+def test_refused_requests_do_not_count_and_window_slides(tenant: Tenant, auth: AuthContext) -> None:
+    _set(tenant, rate_other_per_min=4)
+    with mock.patch("tenants.ratelimit.time.time", return_value=T0 + 59):
+        for _ in range(4):
+            check_rate(auth=auth, op_class="other")
+        for _ in range(3):
+            with pytest.raises(RateLimited):
+                check_rate(auth=auth, op_class="other")
+    # Next window, 30 s in: the previous 4 weigh 2 -> two more fit, not four.
+    with mock.patch("tenants.ratelimit.time.time", return_value=T0 + 90):
+        check_rate(auth=auth, op_class="other")
+        check_rate(auth=auth, op_class="other")
+        with pytest.raises(RateLimited) as info:
+            check_rate(auth=auth, op_class="other")
+    assert 1 <= info.value.retry_after_s <= 30
+
+
+def test_tenants_are_separate(tenant: Tenant, auth: AuthContext) -> None:
+    other = Tenant.objects.create(slug="other", rate_create_per_min=1)
+    _set(tenant, rate_create_per_min=1)
+    other_auth = AuthContext(tenant_id=other.pk, tenant_slug="other", principal_id=2, principal_name="q")
+    check_rate(auth=auth, op_class="create")
+    check_rate(auth=other_auth, op_class="create")
+    with pytest.raises(RateLimited):
+        check_rate(auth=auth, op_class="create")
+
+
+def test_admin_edit_applies(tenant: Tenant, auth: AuthContext, settings: Any) -> None:
+    settings.TENANTS = {**settings.TENANTS, "LIMITS_CACHE_S": 0}
+    Tenant.objects.filter(pk=tenant.pk).update(rate_read_per_min=5)
+    check_rate(auth=auth, op_class="read")
+    Tenant.objects.filter(pk=tenant.pk).update(rate_read_per_min=1)
+    with pytest.raises(RateLimited):
+        check_rate(auth=auth, op_class="read")
+
+
+def test_fast_polling_costs_an_extra_read(tenant: Tenant, auth: AuthContext) -> None:
+    _set(tenant, rate_read_per_min=4)
+    clock = [T0 + 1.0]
+    with mock.patch("tenants.ratelimit.time.time", side_effect=lambda: clock[0]):
+        # Polite client: one read per poll.
+        for _ in range(2):
+            check_rate(auth=auth, op_class="read")
+            note_poll(auth=auth, task_id="t1", poll_interval_ms=1000)
+            clock[0] += 1.5
+        # Impatient client: the next poll comes 0.1 s later and pays twice (2 + 2 = 4).
+        clock[0] = clock[0] - 1.5 + 0.1
+        check_rate(auth=auth, op_class="read")
+        note_poll(auth=auth, task_id="t1", poll_interval_ms=1000)
+        # Budget of 4 used up after 3 polls.
+        with pytest.raises(RateLimited):
+            check_rate(auth=auth, op_class="read")
+
+
+def test_fast_poll_over_budget_raises(tenant: Tenant, auth: AuthContext) -> None:
+    _set(tenant, rate_read_per_min=1)
+    with mock.patch("tenants.ratelimit.time.time", return_value=T0 + 5):
+        check_rate(auth=auth, op_class="read")
+        note_poll(auth=auth, task_id="t9", poll_interval_ms=5000)  # first poll: free
+        with pytest.raises(RateLimited):
+            note_poll(auth=auth, task_id="t9", poll_interval_ms=5000)
+
+
+def test_retry_after_math() -> None:
+    # Current window full: wait for the window end, then for this window's count to decay.
+    assert _retry_after(previous=0, current=3, limit=3, elapsed=10) == pytest.approx(50 + 20)
+    # Only the previous window weighs: wait until its weight drops enough.
+    assert _retry_after(previous=10, current=0, limit=5, elapsed=0) == pytest.approx(36)
