@@ -28,7 +28,8 @@ class DevServer:
 
             tenant = tenant_services.get_or_create_tenant(slug="demo", name="Demo tenant")
             self._token = tenant_services.issue_token(
-                tenant=tenant, principal_name="dev", scopes=["mcp:tools", "mcp:tasks"], expires_s=30 * 24 * 3600
+                tenant=tenant, principal_name="dev", scopes=["mcp:tools", "mcp:tasks"], expires_s=30 * 24 * 3600,
+                resource=self.url,
             )
         return self._token
 

@@ -82,6 +82,9 @@ DATABASES: dict[str, Any] = {
 }
 _db = DATABASES["default"]
 if _db["ENGINE"] == "django.db.backends.sqlite3":
+    # The embedded default keeps its database under VAR_DIR; make sure the folder exists.
+    if _db["NAME"] != ":memory:":
+        Path(_db["NAME"]).parent.mkdir(parents=True, exist_ok=True)
     # WAL lets readers proceed while a writer commits; IMMEDIATE transactions take the write
     # lock up front so two writers never deadlock on a lock upgrade.
     _db.setdefault("OPTIONS", {}).update(

@@ -6,7 +6,7 @@ import asyncio
 
 from django.db import connection, transaction
 
-from mcptasks.registry import ToolContext, tool
+from mcptasks.registry import ToolContext, resource, tool
 
 from .models import RunRecord
 
@@ -52,3 +52,8 @@ async def test_serial(key: str, ms: int = 300, ctx: ToolContext | None = None) -
     await asyncio.sleep(ms / 1000)
     await _arecord(key, ctx.attempt, "end")
     return "ok"
+
+
+@resource("test://crash", description="Raises inside resources/read (tests -32603 without a traceback).")
+async def test_crash_resource() -> str:
+    raise RuntimeError("secret-crash-detail from test_crash_resource")

@@ -22,6 +22,7 @@ from django.http.request import split_domain_port, validate_host
 
 from tenants import ratelimit
 from tenants.auth import AuthContext, AuthError, authenticate, insufficient_scope
+from tenants.selectors import effective_limits
 
 from .. import bus, conf, selectors, services
 from ..handlers import RequestContext, StreamReply, dispatcher, operation_class, required_scope
@@ -276,12 +277,11 @@ class McpConsumer(AsyncHttpConsumer):
             await database_sync_to_async(ratelimit.check_rate)(
                 auth=self.auth, op_class=operation_class(msg.method, msg.params)
             )
+            if msg.method == "tasks/get" and isinstance(msg.params, dict) and isinstance(msg.params.get("taskId"), str):
+                # Polling faster than pollInterval costs an extra read (see tenants.ratelimit).
+                await database_sync_to_async(self._note_poll)(self.auth, msg.params["taskId"])
         except ratelimit.RateLimited as exc:
-            error = McpError(
-                -32011, "Rate limit exceeded", {"retryAfter": exc.retry_after_s, "limit": exc.limit,
-                                               "operation": exc.op_class}
-            )
-            await self._send_json(429, jsonrpc.error_response(rid, error), {"Retry-After": str(exc.retry_after_s)})
+            await self._send_json(exc.http_status, jsonrpc.error_response(rid, exc), exc.http_headers())
             return
         session = self.session
         version = session.protocol_version if session is not None else versions.LATEST
@@ -303,11 +303,12 @@ class McpConsumer(AsyncHttpConsumer):
         extra: dict[str, str] = {}
         if ctx.new_session is not None:
             extra["Mcp-Session-Id"] = ctx.new_session.pk
-        if msg.method == "tasks/get" and isinstance(result, dict) and "pollInterval" in result:
-            await database_sync_to_async(ratelimit.note_poll)(
-                auth=self.auth, task_id=result["taskId"], poll_interval_ms=int(result["pollInterval"])
-            )
         await self._send_json(200, jsonrpc.response(rid, result), extra)
+
+    @staticmethod
+    def _note_poll(auth: AuthContext, task_id: str) -> None:
+        limits = effective_limits(tenant_id=auth.tenant_id)
+        ratelimit.note_poll(auth=auth, task_id=task_id, poll_interval_ms=limits.poll_interval_ms)
 
     # --- streams -----------------------------------------------------------------------------
 
