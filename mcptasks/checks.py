@@ -1,1 +1,66 @@
-"""System checks for the app settings."""
+"""System checks for the mcptasks settings (``manage.py check``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import Error, Tags, Warning, register
+
+from . import conf
+
+DEV_SECRET_PREFIX = "dev-insecure-"
+
+
+@register(Tags.security, deploy=False)
+def check_secret_key(app_configs: Any, **kwargs: Any) -> list[Any]:
+    """The development SECRET_KEY signs cursors and sessions: production must set its own."""
+    if not settings.DEBUG and str(settings.SECRET_KEY).startswith(DEV_SECRET_PREFIX):
+        return [
+            Warning(
+                "SECRET_KEY is the development default while DEBUG is off.",
+                hint="Set SECRET_KEY in the environment; task-list cursors are signed with it.",
+                id="mcptasks.W001",
+            )
+        ]
+    return []
+
+
+@register()
+def check_app_settings(app_configs: Any, **kwargs: Any) -> list[Any]:
+    """Consistency of the MCPTASKS_* settings."""
+    s = conf.get()
+    problems: list[Any] = []
+    if not s.MCP_PATH.startswith("/"):
+        problems.append(Error("MCPTASKS_MCP_PATH must start with '/'.", id="mcptasks.E001"))
+    if s.WORKER_HEARTBEAT_S >= s.WORKER_LEASE_S:
+        problems.append(
+            Error(
+                "MCPTASKS_WORKER_HEARTBEAT_S must be shorter than MCPTASKS_WORKER_LEASE_S.",
+                hint="Leases would lapse between heartbeats and tasks would be reclaimed while running.",
+                id="mcptasks.E002",
+            )
+        )
+    if s.TASK_DEFAULT_TTL_MS > s.TASK_MAX_TTL_MS:
+        problems.append(
+            Warning(
+                "MCPTASKS_TASK_DEFAULT_TTL_MS exceeds MCPTASKS_TASK_MAX_TTL_MS; the default is clamped to the max.",
+                id="mcptasks.W002",
+            )
+        )
+    for name in ("MAX_BODY_BYTES", "TASK_POLL_INTERVAL_MS", "TASK_LIST_PAGE_SIZE", "TOOLS_PAGE_SIZE",
+                 "CLEANUP_BATCH_SIZE", "WORKER_CONCURRENCY", "TASK_MAX_ATTEMPTS"):
+        if getattr(s, name) < 1:
+            problems.append(Error(f"MCPTASKS_{name} must be at least 1.", id="mcptasks.E003"))
+    engine = settings.DATABASES["default"]["ENGINE"]
+    layer = settings.CHANNEL_LAYERS["default"]["BACKEND"]
+    if engine.endswith("postgresql") and layer.endswith("InMemoryChannelLayer"):
+        problems.append(
+            Warning(
+                "PostgreSQL is configured but the channel layer is in-memory.",
+                hint="Set REDIS_URL so notifications, cancellation and wake-ups reach other processes; "
+                "without it they fall back to periodic database polling.",
+                id="mcptasks.W003",
+            )
+        )
+    return problems

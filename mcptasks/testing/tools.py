@@ -57,3 +57,14 @@ async def test_serial(key: str, ms: int = 300, ctx: ToolContext | None = None) -
 @resource("test://crash", description="Raises inside resources/read (tests -32603 without a traceback).")
 async def test_crash_resource() -> str:
     raise RuntimeError("secret-crash-detail from test_crash_resource")
+
+
+@tool(task_support="optional", retryable=False,
+      description="A synchronous tool that never checks for cancellation: runs to completion regardless.")
+def test_ignores_cancel(key: str, ms: int = 1000) -> str:
+    import time
+
+    _record(key, 1, "start")
+    time.sleep(ms / 1000)
+    _record(key, 1, "end")
+    return f"finished {key}"
