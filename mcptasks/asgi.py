@@ -28,7 +28,7 @@ router = ProtocolTypeRouter(
         "http": URLRouter(
             [
                 re_path(rf"^{_mcp_path}/?$", McpConsumer.as_asgi()),
-                re_path(r"", django_asgi),
+                re_path(r"", django_asgi),  # type: ignore[arg-type]
             ]
         ),
     }

@@ -123,3 +123,8 @@ def signal_session(session_id: str, event: str) -> None:
 def takeover(stream_id: str) -> None:
     """Ask the connection currently serving ``stream_id`` to close: a newer one replaces it."""
     _layer_send(stream_group(stream_id), {"type": "stream.takeover", "token": ""})
+
+
+def store_marker(*, session_id: str, stream_id: str, marker: dict[str, Any]) -> None:
+    """Store a bookkeeping event on a stream (never sent to the client, read back on resume)."""
+    StreamEvent.objects.create(session_id=session_id, stream_id=stream_id, data=json.dumps(marker))

@@ -52,8 +52,8 @@ def check_app_settings(app_configs: Any, **kwargs: Any) -> list[Any]:
                  "CLEANUP_BATCH_SIZE", "WORKER_CONCURRENCY", "TASK_MAX_ATTEMPTS"):
         if getattr(s, name) < 1:
             problems.append(Error(f"MCPTASKS_{name} must be at least 1.", id="mcptasks.E003"))
-    engine = settings.DATABASES["default"]["ENGINE"]
-    layer = settings.CHANNEL_LAYERS["default"]["BACKEND"]
+    engine = str(settings.DATABASES["default"]["ENGINE"])
+    layer = str(settings.CHANNEL_LAYERS["default"]["BACKEND"])
     if engine.endswith("postgresql") and layer.endswith("InMemoryChannelLayer"):
         problems.append(
             Warning(

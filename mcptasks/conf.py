@@ -45,5 +45,5 @@ def get() -> AppSettings:
     """Current settings (read on each call so tests can override ``settings.MCPTASKS``)."""
     raw: dict[str, Any] = getattr(settings, "MCPTASKS", {})
     known = {f.name for f in fields(AppSettings)}
-    values = {k: (tuple(v) if isinstance(v, list) else v) for k, v in raw.items() if k in known}
+    values: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in raw.items() if k in known}
     return AppSettings(**values)

@@ -4,12 +4,17 @@
   in the server's own event loop, so a newcomer needs one command and no Redis.
 * Periodic cleanup of expired tasks runs in every serving process (concurrent cleaners are
   safe: they skip each other's rows).
+* On SIGTERM, open SSE streams are ended with a ``retry:`` hint before daphne stops, so
+  clients reconnect (with ``Last-Event-ID``) elsewhere instead of seeing a cut connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
+import threading
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -44,6 +49,42 @@ class EmbeddedRuntime:
             self._tasks.append(asyncio.ensure_future(self.worker.run()))
             logger.info("embedded worker started")
         self._tasks.append(asyncio.ensure_future(self._cleanup_loop()))
+        self._install_shutdown_hook()
+
+    def _install_shutdown_hook(self) -> None:
+        """Wrap the server's SIGTERM handler: close streams with ``retry:`` first, then stop.
+
+        Daphne (Twisted) cancels every application on shutdown, which cuts open streaming
+        responses mid-body. Ending them properly first tells clients to come back.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
+        loop = asyncio.get_running_loop()
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def on_sigterm(signum: int, frame: Any) -> None:
+            loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._graceful_stop(previous, signum, frame)))
+
+        try:
+            signal.signal(signal.SIGTERM, on_sigterm)
+        except ValueError:  # not the main thread of the interpreter after all
+            return
+
+    async def _graceful_stop(self, previous: Any, signum: int, frame: Any) -> None:
+        from .transport.consumer import close_all_streams
+
+        try:
+            closed = await asyncio.wait_for(close_all_streams(), timeout=2)
+            logger.info("shutdown: closed %d open stream(s) with a retry hint", closed)
+            await asyncio.sleep(0.1)  # let the transport flush the final chunks
+        except Exception:
+            logger.warning("closing streams at shutdown failed", exc_info=True)
+        # Hand over to the server's own handling of SIGTERM.
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
 
     async def _cleanup_loop(self) -> None:
         while True:

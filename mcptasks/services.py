@@ -458,12 +458,16 @@ def record_audit(*, auth: AuthContext, action: str, task_id: str = "", data: dic
 
 
 def record_audit_ids(
-    *, tenant_id: int | None, principal_id: int | None, action: str, task_id: str = "",
+    *, tenant_id: int, principal_id: int | None, action: str, task_id: str = "",
     data: dict[str, Any] | None = None,
 ) -> None:
     """Append an audit event; each event's hash covers the previous one of its tenant."""
     payload = data or {}
     with transaction.atomic():
+        if connection.vendor == "postgresql":
+            # Serialise appends per tenant so the hash chain never forks under concurrency.
+            with connection.cursor() as cur:
+                cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", [0x4D435054, tenant_id])
         prev = (
             AuditEvent.objects.filter(tenant_id=tenant_id).order_by("-id").values_list("hash", flat=True).first()
             or ""

@@ -121,6 +121,14 @@ class WorkerBackend:
         while True:
             if self.cancel_flag:
                 raise ToolCancelled("cancelled while waiting for the client")
+            # An unanswered request is bounded by the task's ttl: past it nobody can answer.
+            remaining = (
+                (self.task.expires_at - timezone.now()).total_seconds() if self.task.expires_at else None
+            )
+            if remaining is not None and remaining <= 0:
+                raise McpError(
+                    INTERNAL_ERROR, f"No response to {method} before the task's ttl ran out ({self.task.ttl_ms} ms)"
+                )
             row = await _db(lambda: TaskMessage.objects.filter(pk=msg.pk).values("response", "answered_at").first())()
             if row is None:
                 raise ToolCancelled("the task's pending requests were dropped")
@@ -130,7 +138,8 @@ class WorkerBackend:
                     raise McpError.from_error(response["error"])
                 return dict(response.get("result") or {})
             try:
-                await asyncio.wait_for(self.answered.wait(), timeout=poll)
+                wait = poll if remaining is None else max(0.01, min(poll, remaining))
+                await asyncio.wait_for(self.answered.wait(), timeout=wait)
             except TimeoutError:
                 pass
             self.answered.clear()

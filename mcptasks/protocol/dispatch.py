@@ -19,7 +19,7 @@ from .jsonrpc import validation_details
 logger = logging.getLogger(__name__)
 
 CtxT = TypeVar("CtxT")
-Handler = Callable[[Any, Any], Awaitable[dict[str, Any]]]
+Handler = Callable[[Any, Any], Awaitable[Any]]
 
 
 @dataclass(frozen=True)
@@ -72,8 +72,12 @@ class Dispatcher(Generic[CtxT]):
             raise McpError(INVALID_PARAMS, f"Invalid params for {method}", validation_details(exc)) from None
         return route, model
 
-    async def dispatch(self, ctx: CtxT, method: str, params: dict[str, Any] | None) -> dict[str, Any]:
-        """Run the handler for ``method``; any non-McpError exception becomes -32603."""
+    async def dispatch(self, ctx: CtxT, method: str, params: dict[str, Any] | None) -> Any:
+        """Run the handler for ``method``; any non-McpError exception becomes -32603.
+
+        Returns the handler's result: a result dict, or whatever deferred-reply object the
+        transport and the handler agree on (``StreamReply`` here).
+        """
         route, model = self.parse_params(method, params)
         try:
             return await route.handler(ctx, model)

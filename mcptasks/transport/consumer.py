@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import secrets
+import weakref
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -32,6 +33,27 @@ from ..protocol.errors import INTERNAL_ERROR, INVALID_REQUEST, McpError
 from . import sse
 
 logger = logging.getLogger(__name__)
+
+#: Consumers with an open SSE response in this process (closed with ``retry:`` on shutdown).
+_LIVE_STREAMS: weakref.WeakSet[McpConsumer] = weakref.WeakSet()
+
+
+async def close_all_streams() -> int:
+    """Server shutdown: end every open SSE response of this process with a ``retry:`` hint.
+
+    Clients reconnect (with ``Last-Event-ID``) to another process and lose nothing: every
+    event is stored before it is sent. Returns how many streams were closed.
+    """
+    closed = 0
+    for consumer in list(_LIVE_STREAMS):
+        if consumer.closed:
+            continue
+        try:
+            await consumer._close(hint_retry=True)
+            closed += 1
+        except Exception:
+            logger.debug("closing a stream at shutdown failed", exc_info=True)
+    return closed
 
 
 class HttpError(Exception):
@@ -63,7 +85,11 @@ class McpConsumer(AsyncHttpConsumer):
         self.closed = False
         self.stream_id: str | None = None
         self.mode = ""  # request | task_result | get | resume
-        self.last_seq = 0
+        # Events of our stream already written (or skipped as before the client's position):
+        # ids <= floor, and those in ``delivered``. A set, not a maximum: publishers in
+        # different processes may commit ids slightly out of order.
+        self.floor = 0
+        self.delivered: set[int] = set()
         self.sent_rpc_ids: set[str] = set()
         self.task: Task | None = None
         self.session: McpSession | None = None
@@ -332,6 +358,7 @@ class McpConsumer(AsyncHttpConsumer):
         ]
         await self.send_headers(status=200, headers=headers)
         self.streaming = True
+        _LIVE_STREAMS.add(self)
         await self.send_body(sse.event("", event_id=priming_id, retry_ms=conf.get().SSE_RETRY_MS), more_body=True)
         self.background.append(asyncio.ensure_future(self._keepalive()))
 
@@ -368,15 +395,17 @@ class McpConsumer(AsyncHttpConsumer):
     async def stream_event(self, message: dict[str, Any]) -> None:
         """A stored event of our stream arrived through the channel layer."""
         seq = int(message["seq"])
-        if seq <= self.last_seq or self.closed:
+        if seq <= self.floor or seq in self.delivered or self.closed:
             return
-        self.last_seq = seq
+        self.delivered.add(seq)
         await self._emit(message["event_id"], message["data"])
         if self.closed:
             raise StopConsumer()
 
     async def _emit(self, event_id: str, data: str) -> None:
         payload = json.loads(data)
+        if payload.get("_bind"):
+            return  # bookkeeping of a tasks/result stream, never sent
         if payload.get("_close"):
             # The tool asked to close the connection (not the stream): the client resumes.
             # A resumed connection has already been through that point, so it stays open.
@@ -410,8 +439,15 @@ class McpConsumer(AsyncHttpConsumer):
 
     # --- tasks/result --------------------------------------------------------------------------
 
-    async def _start_task_result(self) -> None:
+    async def _start_task_result(self, *, resumed: bool = False) -> None:
         assert self.task is not None and self.stream_id is not None
+        if not resumed:
+            # Remember which task and request id this stream answers: a client that resumes it
+            # with Last-Event-ID (after a drop or a server-side close) still gets the result.
+            await database_sync_to_async(bus.store_marker)(
+                session_id=self.task.session_id, stream_id=self.stream_id,
+                marker={"_bind": {"taskId": self.task.task_id, "rid": self.result_request_id}},
+            )
         await self._join(bus.task_group(self.task.task_id))
         await database_sync_to_async(services.bind_result_stream)(task=self.task, stream_id=self.stream_id)
         await self._check_task()
@@ -442,6 +478,9 @@ class McpConsumer(AsyncHttpConsumer):
             return
         self.task = task
         if not task.is_terminal:
+            if task.stream_id != self.stream_id:
+                # A newer tasks/result stream of this task receives its messages (never two).
+                return
             pending = await database_sync_to_async(selectors.pending_messages)(task=task)
             for m in pending:
                 if m.rpc_id in self.sent_rpc_ids:
@@ -484,13 +523,16 @@ class McpConsumer(AsyncHttpConsumer):
         await self.channel_layer.group_send(
             bus.stream_group(stream_id), {"type": "stream.takeover", "token": self.takeover_token}
         )
-        await self._join(bus.stream_group(stream_id))
-        await self._join(bus.session_group(session.pk))
+        # A fresh GET starts at the stream's current end. Read it before joining, then replay
+        # whatever was stored in between: nothing published meanwhile is lost.
         last = await database_sync_to_async(
             lambda: StreamEvent.objects.filter(stream_id=stream_id).order_by("-id").values_list("id", flat=True).first()
         )()
-        self.last_seq = int(last or 0)
-        await self._start_sse(priming_id=f"{stream_id}.{self.last_seq}")
+        self.floor = int(last or 0)
+        await self._join(bus.stream_group(stream_id))
+        await self._join(bus.session_group(session.pk))
+        await self._start_sse(priming_id=f"{stream_id}.{self.floor}")
+        await self._replay(await self._stored_events(stream_id, self.floor))
 
     async def _resume(self, session: McpSession, last_event_id: str) -> None:
         parsed = bus.parse_event_id(last_event_id)
@@ -514,15 +556,47 @@ class McpConsumer(AsyncHttpConsumer):
         await self._join(bus.stream_group(stream_id))
         await self._join(bus.session_group(session.pk))
         await self._start_sse(priming_id=f"{stream_id}.{seq}")
-        self.last_seq = seq
-        events = await database_sync_to_async(
-            lambda: list(StreamEvent.objects.filter(stream_id=stream_id, id__gt=seq).order_by("id"))
+        self.floor = seq
+        events = await self._stored_events(stream_id, 0 if stream_id.startswith("r") else seq)
+        marker: dict[str, Any] | None = None
+        for ev in events:
+            # Requests already sent on this stream (seen, or about to be replayed) are not
+            # queued on it a second time.
+            payload = json.loads(ev.data)
+            if "_bind" in payload:
+                marker = payload["_bind"]
+            elif "method" in payload and "id" in payload:
+                self.sent_rpc_ids.add(str(payload["id"]))
+        await self._replay([ev for ev in events if ev.id > seq])
+        if not self.closed and marker is not None:
+            await self._resume_task_result(session, marker)
+
+    async def _stored_events(self, stream_id: str, after: int) -> list[StreamEvent]:
+        return await database_sync_to_async(  # type: ignore[no-any-return]
+            lambda: list(StreamEvent.objects.filter(stream_id=stream_id, id__gt=after).order_by("id"))
         )()
+
+    async def _replay(self, events: list[StreamEvent]) -> None:
         for ev in events:
             if self.closed:
                 break
-            self.last_seq = ev.id
+            if ev.id in self.delivered:
+                continue
+            self.delivered.add(ev.id)
             await self._emit(ev.event_id, ev.data)
+
+    async def _resume_task_result(self, session: McpSession, marker: dict[str, Any]) -> None:
+        """A resumed tasks/result stream whose response is still due: serve it as before."""
+        task = await database_sync_to_async(
+            Task.objects.filter(task_id=str(marker.get("taskId")), session_id=session.pk).first
+        )()
+        self.result_request_id = marker.get("rid")
+        if task is None:
+            await self._emit_direct(McpError(-32602, "Failed to retrieve task: Task not found"))
+            return
+        self.task = task
+        self.mode = "task_result"
+        await self._start_task_result(resumed=True)
 
     # --- DELETE ------------------------------------------------------------------------------
 

@@ -241,9 +241,12 @@ def test_client_response_is_202_with_empty_body(server: Proc) -> None:
                           "result": {"action": "accept", "content": {"username": "u", "email": "e@x.org"}}}
                 resp = http.post(server.url, json=answer, headers=hdrs(sid))
                 assert resp.status_code == 202 and resp.content == b""
-                # A second answer to the same request has nobody waiting any more.
+                # A duplicate answer is accepted and ignored (the first one counts).
                 again = http.post(server.url, json=answer, headers=hdrs(sid))
-                assert_error_body(again, 400)
+                assert again.status_code == 202 and again.content == b""
+                # An answer to a request the server never sent is refused.
+                stray = http.post(server.url, json={**answer, "id": "mcpt-unknown"}, headers=hdrs(sid))
+                assert_error_body(stray, 400)
             elif "method" not in msg:
                 final = msg
     assert final is not None and final["id"] == 1
