@@ -195,12 +195,15 @@ def transition(
     return True
 
 
-def set_status_message(*, task: Task, message: str) -> bool:
-    """Change the statusMessage of a live task (notifies like a status change)."""
-    changed = (
-        Task.objects.filter(pk=task.pk, status__in=[TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED])
-        .update(status_message=message, last_updated_at=timezone.now())
-    )
+def set_status_message(*, task: Task, message: str, attempt: int | None = None) -> bool:
+    """Change the statusMessage of a live task (notifies like a status change).
+
+    A worker passes its ``attempt`` so a superseded run cannot change the new run's message.
+    """
+    flt = Q(pk=task.pk, status__in=[TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED])
+    if attempt is not None:
+        flt &= Q(attempt=attempt)
+    changed = Task.objects.filter(flt).update(status_message=message, last_updated_at=timezone.now())
     if changed:
         task.refresh_from_db()
         _after_change(task)

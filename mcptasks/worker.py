@@ -1,26 +1,32 @@
 """The worker: claims tasks with leases, runs tools, heartbeats, recovers from crashes.
 
 Claiming is a short transaction (``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL) that
-stamps the attempt number, the worker id and a lease; the tool runs outside it. A heartbeat
-renews the lease and reads the cancel flag. When a worker dies, its leases lapse and another
-worker either re-runs the task (retryable tools, up to ``max_attempts``) or fails it with
-"worker lost during execution". Every outcome is written with ``WHERE attempt = <ours>`` so a
-superseded run can never overwrite the task.
+stamps the next attempt number, the worker id and a lease; the tool runs outside it. A
+heartbeat renews the leases of every running task in one UPDATE and reads the cancel flag.
+When a worker dies, its leases lapse and another worker either re-runs the task (retryable
+tools, up to ``max_attempts``) or fails it with "worker lost during execution". Every outcome
+is written with ``WHERE attempt = <ours>`` so a superseded run can never overwrite the task.
+
+On SIGTERM the worker stops claiming, lets running tools finish within the shutdown grace and
+hands the rest back: their lease is released at once and the interrupted run does not count
+against ``max_attempts`` (the next run still gets a fresh attempt number).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import os
 import secrets
 import socket
+import zlib
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
-from django.db import close_old_connections, connection, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -33,20 +39,32 @@ from .registry import Registry, ToolInputError, registry
 
 logger = logging.getLogger(__name__)
 
+#: The statusMessage of a non-retryable task whose worker died (documented; tests rely on it).
 WORKER_LOST = "worker lost during execution"
+LIVE = (TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED)
 
 
 def _db(fn: Any) -> Any:
-    """Run ORM code in a worker thread, dropping stale connections first (like Channels does)."""
+    """Run ORM code in the worker's database thread.
+
+    The connection is kept across calls (a worker is long-lived; reconnecting for every query
+    would dominate short tasks) and dropped only when it breaks, so the next call reconnects.
+    """
 
     def inner(*args: Any, **kwargs: Any) -> Any:
-        close_old_connections()
         try:
             return fn(*args, **kwargs)
-        finally:
-            close_old_connections()
+        except (OperationalError, InterfaceError):
+            if not connection.in_atomic_block:
+                connection.close()
+            raise
 
     return sync_to_async(inner, thread_sensitive=True)
+
+
+def tool_lock_key(tool_name: str) -> int:
+    """A stable signed 32-bit key for ``pg_advisory_xact_lock`` of one tool's concurrency limit."""
+    return zlib.crc32(f"mcptasks.tool:{tool_name}".encode()) - 2**31
 
 
 class WorkerBackend:
@@ -55,10 +73,11 @@ class WorkerBackend:
     def __init__(self, worker: Worker, task: Task) -> None:
         self.worker = worker
         self.task = task
+        self.attempt = task.attempt
         self.cancel_flag = False
+        self.handed_back = False
         self.answered = asyncio.Event()
         self._capabilities: dict[str, Any] | None = None
-        self._last_progress: float | None = None
 
     @property
     def cancelled(self) -> bool:
@@ -74,6 +93,11 @@ class WorkerBackend:
         session = await self._session()
         self._capabilities = dict(session.client_capabilities) if session else {}
 
+    def _still_ours(self) -> bool:
+        return Task.objects.filter(
+            pk=self.task.pk, attempt=self.attempt, status__in=LIVE, cancel_requested=False
+        ).exists()
+
     async def progress(self, progress: float, total: float | None, message: str | None) -> None:
         token = self.task.progress_token
         if token is None or self.cancel_flag:
@@ -85,9 +109,18 @@ class WorkerBackend:
             params["message"] = message
         if self.task.kind == Task.Kind.TASK:
             params["_meta"] = related_task_meta(self.task.task_id)
-        await _db(services.publish_for_task)(
-            task=self.task, message={"jsonrpc": "2.0", "method": "notifications/progress", "params": params}
-        )
+        note = {"jsonrpc": "2.0", "method": "notifications/progress", "params": params}
+
+        def send() -> bool:
+            # Progress stops at the terminal status (and for a superseded attempt).
+            if not self._still_ours():
+                return False
+            services.publish_for_task(task=self.task, message=note)
+            return True
+
+        if not await _db(send)():
+            self.cancel_flag = True
+            raise ToolCancelled("the task is no longer running")
 
     async def log(self, level: str, data: Any, logger_name: str | None) -> None:
         session = await self._session()
@@ -103,7 +136,7 @@ class WorkerBackend:
         )
 
     async def set_status_message(self, message: str) -> None:
-        await _db(services.set_status_message)(task=self.task, message=message)
+        await _db(services.set_status_message)(task=self.task, message=message, attempt=self.attempt)
 
     async def close_stream(self) -> None:
         """Close the client's connection to a plain request's POST stream (it resumes by GET)."""
@@ -137,11 +170,9 @@ class WorkerBackend:
                 if "error" in response:
                     raise McpError.from_error(response["error"])
                 return dict(response.get("result") or {})
-            try:
-                wait = poll if remaining is None else max(0.01, min(poll, remaining))
+            wait = poll if remaining is None else max(0.01, min(poll, remaining))
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.answered.wait(), timeout=wait)
-            except TimeoutError:
-                pass
             self.answered.clear()
 
 
@@ -165,8 +196,12 @@ class Worker:
         self.stopping = False
         self.run_cleanup = run_cleanup
         self.channel: str | None = None
+        #: Set when a handed-back sync tool may still be running in a thread at exit.
+        self.abandoned_threads = False
         self._layer = get_channel_layer()
         self._last_cleanup = 0.0
+        self._last_reap = 0.0
+        self._bg: set[asyncio.Future[Any]] = set()
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -180,47 +215,67 @@ class Worker:
         logger.info("worker %s started (concurrency %d)", self.worker_id, self.concurrency)
         try:
             while not stop.is_set():
-                await self._maybe_cleanup()
-                free = self.concurrency - len(self.running)
-                claimed: list[Task] = []
-                if free > 0:
-                    await _db(self._reap_lost)()
-                    claimed = await _db(self._claim)(free)
-                    for task in claimed:
-                        self._start(task)
-                if claimed and len(self.running) < self.concurrency:
-                    continue  # there may be more waiting
+                # Clear before claiming: a wake-up that arrives during the claim is kept.
                 self.wake.clear()
+                try:
+                    await self._maybe_cleanup()
+                    await self._maybe_reap()
+                    free = self.concurrency - len(self.running)
+                    if free > 0:
+                        for task in await _db(self._claim)(free):
+                            self._start(task)
+                except Exception:
+                    logger.warning("claim loop failed; retrying after the poll interval", exc_info=True)
                 waiters = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(stop.wait())]
                 await asyncio.wait(waiters, timeout=s.WORKER_POLL_S, return_when=asyncio.FIRST_COMPLETED)
                 for w in waiters:
                     w.cancel()
         finally:
             self.stopping = True
-            await self._drain(s.WORKER_SHUTDOWN_GRACE_S)
-            heart.cancel()
-            listener.cancel()
-            await _db(WorkerHeartbeat.objects.filter(worker_id=self.worker_id).delete)()
-            logger.info("worker %s stopped", self.worker_id)
+            try:
+                await self._heartbeat_row()
+                await self._drain(s.WORKER_SHUTDOWN_GRACE_S)
+            finally:
+                heart.cancel()
+                listener.cancel()
+                await _db(WorkerHeartbeat.objects.filter(worker_id=self.worker_id).delete)()
+                logger.info("worker %s stopped", self.worker_id)
 
     async def _drain(self, grace: float) -> None:
+        """Let running tools finish within ``grace``; hand the rest back."""
         if not self.running:
             return
-        tasks = [t for t, _b, _a in self.running.values()]
-        done, pending = await asyncio.wait(tasks, timeout=grace)
-        for task_id, (atask, _backend, attempt) in list(self.running.items()):
-            if atask in pending:
-                atask.cancel()
-                # Hand the task back: release the lease so another worker takes it at once.
-                await _db(self._release)(task_id, attempt)
+        logger.info("worker %s draining %d running tasks (grace %gs)", self.worker_id, len(self.running), grace)
+        _done, pending = await asyncio.wait([t for t, _b, _a in self.running.values()], timeout=grace)
+        handed: list[tuple[str, int]] = []
+        for task_id, (atask, backend, attempt) in list(self.running.items()):
+            if atask not in pending:
+                continue
+            # Whatever the interrupted run does from now on is discarded (ctx.cancelled is True).
+            backend.handed_back = True
+            backend.cancel_flag = True
+            backend.answered.set()
+            tool = self.registry.get_tool(backend.task.tool_name)
+            if tool is not None and not tool.is_async:
+                self.abandoned_threads = True
+            atask.cancel()
+            handed.append((task_id, attempt))
         if pending:
-            await asyncio.wait(pending, timeout=5)
+            await asyncio.wait(pending, timeout=2)
+        if handed:
+            n = await _db(self._release)(handed)
+            logger.info("worker %s handed back %d tasks", self.worker_id, n)
 
-    def _release(self, task_id: str, attempt: int) -> None:
-        Task.objects.filter(task_id=task_id, attempt=attempt, worker_id=self.worker_id).exclude(
-            status__in=[TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED]
-        ).update(lease_expires_at=None, worker_id=None, attempt=attempt - 1)
-        bus.wake_workers()
+    def _release(self, handed: list[tuple[str, int]]) -> int:
+        """Release our leases at once; the interrupted attempt does not count against the limit."""
+        n = 0
+        for task_id, attempt in handed:
+            n += Task.objects.filter(
+                task_id=task_id, attempt=attempt, worker_id=self.worker_id, status__in=LIVE
+            ).update(lease_expires_at=None, worker_id=None, max_attempts=F("max_attempts") + 1)
+        if n:
+            bus.wake_workers()
+        return n
 
     async def _listen(self) -> None:
         layer = self._layer
@@ -248,8 +303,13 @@ class Worker:
                 event = msg.get("event")
                 if event == "answer":
                     backend.answered.set()
-                elif event in ("cancel", "changed"):
-                    await self._check_cancel(msg["task_id"])
+                elif event == "cancel" or (event == "changed" and msg.get("status") not in LIVE):
+                    # Our own progress/status updates also signal "changed": only a terminal
+                    # status is worth a database read.
+                    try:
+                        await self._check_cancel(msg["task_id"])
+                    except Exception:
+                        logger.warning("cancel check failed", exc_info=True)
 
     async def _heartbeat_row(self) -> None:
         await _db(services.worker_heartbeat)(
@@ -263,69 +323,91 @@ class Worker:
             await asyncio.sleep(s.WORKER_HEARTBEAT_S)
             try:
                 await self._heartbeat_row()
-                for task_id, (_atask, _backend, attempt) in list(self.running.items()):
-                    alive = await _db(self._renew)(task_id, attempt)
-                    if not alive:
+                entries = {task_id: attempt for task_id, (_t, _b, attempt) in self.running.items()}
+                if entries:
+                    for task_id in await _db(self._renew)(entries):
                         await self._cancel_local(task_id)
+                await self._maybe_reap()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 logger.warning("heartbeat failed", exc_info=True)
 
-    def _renew(self, task_id: str, attempt: int) -> bool:
-        """Extend our lease; False when the task was cancelled, finished or taken from us."""
+    def _renew(self, entries: dict[str, int]) -> list[str]:
+        """Extend every lease we hold in one UPDATE; return the tasks we must stop.
+
+        A task must stop when it was cancelled, finished, or taken over by another attempt.
+        """
         lease = timezone.now() + dt.timedelta(seconds=conf.get().WORKER_LEASE_S)
-        n = Task.objects.filter(
-            task_id=task_id, attempt=attempt, worker_id=self.worker_id, cancel_requested=False,
-            status__in=[TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED],
+        ids = list(entries)
+        Task.objects.filter(
+            task_id__in=ids, worker_id=self.worker_id, cancel_requested=False, status__in=LIVE,
         ).update(lease_expires_at=lease)
-        return n == 1
+        rows = Task.objects.filter(task_id__in=ids).values_list(
+            "task_id", "attempt", "worker_id", "status", "cancel_requested"
+        )
+        alive = {
+            tid for tid, attempt, wid, status, cancel in rows
+            if wid == self.worker_id and attempt == entries[tid] and status in LIVE and not cancel
+        }
+        return [tid for tid in ids if tid not in alive]
 
     async def _check_cancel(self, task_id: str) -> None:
         entry = self.running.get(task_id)
         if entry is None:
             return
-        row = await _db(lambda: Task.objects.filter(task_id=task_id).values("status", "cancel_requested").first())()
-        if row is None or row["cancel_requested"] or row["status"] == TaskStatus.CANCELLED:
+        attempt = entry[2]
+        row = await _db(lambda: Task.objects.filter(task_id=task_id).values(
+            "status", "cancel_requested", "attempt").first())()
+        if row is None or row["cancel_requested"] or row["status"] not in LIVE or row["attempt"] != attempt:
             await self._cancel_local(task_id)
 
     async def _cancel_local(self, task_id: str) -> None:
+        """Stop a run: async tools are cancelled, sync tools see ``ctx.cancelled``."""
         entry = self.running.get(task_id)
         if entry is None:
             return
         atask, backend, _attempt = entry
+        if backend.cancel_flag:
+            return
         backend.cancel_flag = True
         backend.answered.set()
         tool = self.registry.get_tool(backend.task.tool_name)
         if tool is not None and tool.is_async:
             atask.cancel()
+        logger.info("task %s stopped in worker %s (cancelled or superseded)", task_id, self.worker_id)
 
     # --- claiming ------------------------------------------------------------------------------
 
     def _claim(self, limit: int) -> list[Task]:
+        """Take up to ``limit`` runnable tasks in one short transaction."""
         now = timezone.now()
         lease = now + dt.timedelta(seconds=conf.get().WORKER_LEASE_S)
+        on_pg = connection.vendor == "postgresql"
         with transaction.atomic():
-            qs = (
-                Task.objects.filter(status__in=[TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED], cancel_requested=False)
+            runnable = (
+                Task.objects.filter(status__in=LIVE, cancel_requested=False)
                 .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
                 .filter(attempt__lt=F("max_attempts"))
                 .filter(Q(run_after__isnull=True) | Q(run_after__lte=now))
-                .order_by("seq")
             )
-            if connection.vendor == "postgresql":
+            if self.running:
+                # A lease of ours that lapsed (a long stall) must not start a second local run.
+                runnable = runnable.exclude(task_id__in=list(self.running))
+            capacity = self._tool_capacity(runnable, now, on_pg)
+            full = [name for name, free in capacity.items() if free <= 0]
+            qs = runnable.exclude(tool_name__in=full) if full else runnable
+            qs = qs.order_by("seq")
+            if on_pg:
                 qs = qs.select_for_update(skip_locked=True)
-            candidates = list(qs[: limit * 2])
             claimed: list[Task] = []
-            for task in candidates:
+            for task in qs[: limit * 2]:
                 if len(claimed) >= limit:
                     break
-                if task.attempt >= task.max_attempts:
-                    continue  # the reaper fails it
-                tool = self.registry.get_tool(task.tool_name)
-                if tool is not None and tool.max_concurrency is not None and not self._tool_slot_free(tool.name,
-                                                                                                      tool.max_concurrency, now):
-                    continue
+                if task.tool_name in capacity:
+                    if capacity[task.tool_name] <= 0:
+                        continue
+                    capacity[task.tool_name] -= 1
                 n = Task.objects.filter(pk=task.pk, attempt=task.attempt).update(
                     attempt=task.attempt + 1, worker_id=self.worker_id, lease_expires_at=lease
                 )
@@ -336,31 +418,62 @@ class Worker:
                     claimed.append(task)
         return claimed
 
-    @staticmethod
-    def _tool_slot_free(tool_name: str, limit: int, now: dt.datetime) -> bool:
-        running = Task.objects.filter(
-            tool_name=tool_name, status__in=[TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED],
-            lease_expires_at__gt=now,
-        ).count()
-        return running < limit
+    def _tool_capacity(self, runnable: Any, now: dt.datetime, on_pg: bool) -> dict[str, int]:
+        """Free slots of every tool with ``max_concurrency`` that has runnable tasks.
 
-    def _reap_lost(self) -> None:
-        """Fail tasks whose last allowed attempt lost its worker (lease expired)."""
+        On PostgreSQL each such tool's advisory transaction lock is taken (in a fixed order, so
+        two claimers never deadlock) before counting its leased rows: the count and our claims
+        are then atomic with respect to every other worker. SQLite serialises writers anyway.
+        """
+        limited = {t.name: t.max_concurrency for t in self.registry.tools.values() if t.max_concurrency}
+        if not limited:
+            return {}
+        waiting = sorted(set(runnable.filter(tool_name__in=list(limited)).values_list("tool_name", flat=True)))
+        capacity: dict[str, int] = {}
+        for name in waiting:
+            if on_pg:
+                with connection.cursor() as cur:
+                    cur.execute("SELECT pg_advisory_xact_lock(%s)", [tool_lock_key(name)])
+            running = Task.objects.filter(tool_name=name, status__in=LIVE, lease_expires_at__gt=now).count()
+            capacity[name] = int(limited[name] or 0) - running
+        return capacity
+
+    async def _maybe_reap(self) -> None:
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._last_reap < conf.get().WORKER_HEARTBEAT_S:
+            return
+        self._last_reap = loop.time()
+        await _db(self._reap_lost)()
+
+    def _reap_lost(self) -> int:
+        """Fail tasks whose last allowed attempt lost its worker (lease expired).
+
+        The row is first taken over with a conditional UPDATE (lease still expired, same
+        attempt), so a worker that was only slow and renews concurrently is told to stop
+        instead of racing us; then the failure is written ``WHERE attempt = <that attempt>``.
+        """
         now = timezone.now()
         lost = list(
-            Task.objects.filter(
-                status__in=[TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED],
-                lease_expires_at__lt=now,
-                attempt__gte=1,
-            ).filter(attempt__gte=F("max_attempts"))[:100]
+            Task.objects.filter(status__in=LIVE, lease_expires_at__lt=now, attempt__gte=1)
+            .filter(attempt__gte=F("max_attempts"))
+            .order_by("seq")[:100]
         )
+        failed = 0
         for task in lost:
+            took = Task.objects.filter(
+                pk=task.pk, attempt=task.attempt, status__in=LIVE, lease_expires_at__lt=now
+            ).update(worker_id=f"reaper:{self.worker_id}"[:64],
+                     lease_expires_at=now + dt.timedelta(seconds=conf.get().WORKER_LEASE_S))
+            if not took:
+                continue
             ok = services.transition(
                 task=task, to=TaskStatus.FAILED, status_message=WORKER_LOST,
                 error={"code": INTERNAL_ERROR, "message": WORKER_LOST}, attempt=task.attempt,
             )
             if ok:
+                failed += 1
                 logger.warning("task %s failed: %s (attempt %d)", task.task_id, WORKER_LOST, task.attempt)
+        return failed
 
     # --- running -------------------------------------------------------------------------------
 
@@ -369,15 +482,23 @@ class Worker:
         atask = asyncio.ensure_future(self._execute(task, backend))
         self.running[task.task_id] = (atask, backend, task.attempt)
         if self._layer is not None and self.channel is not None:
-            asyncio.ensure_future(self._layer.group_add(bus.task_group(task.task_id), self.channel))
+            self._background(self._layer.group_add(bus.task_group(task.task_id), self.channel))
 
         def done(_f: asyncio.Future[Any]) -> None:
-            self.running.pop(task.task_id, None)
-            if self._layer is not None and self.channel is not None:
-                asyncio.ensure_future(self._layer.group_discard(bus.task_group(task.task_id), self.channel))
+            entry = self.running.get(task.task_id)
+            if entry is not None and entry[0] is atask:
+                self.running.pop(task.task_id, None)
+            if self._layer is not None and self.channel is not None and not self.stopping:
+                self._background(self._layer.group_discard(bus.task_group(task.task_id), self.channel))
             self.wake.set()
 
         atask.add_done_callback(done)
+
+    def _background(self, coro: Any) -> None:
+        # Keep a reference until done (the loop holds only weak references to tasks).
+        fut = asyncio.ensure_future(coro)
+        self._bg.add(fut)
+        fut.add_done_callback(self._bg.discard)
 
     async def _execute(self, task: Task, backend: WorkerBackend) -> None:
         tool = self.registry.get_tool(task.tool_name)
@@ -391,27 +512,45 @@ class Worker:
             backend, task_id=task.task_id if task.kind == Task.Kind.TASK else None,
             request_id=task.request_id, session_id=task.session_id, attempt=attempt,
         )
+        timeout_cm: asyncio.Timeout | None = None
         try:
             arguments = tool.validate_arguments((task.params or {}).get("arguments"))
-            coro = tool.invoke(arguments, ctx)
-            result = await (asyncio.wait_for(coro, tool.timeout_s) if tool.timeout_s else coro)
+            async with asyncio.timeout(tool.timeout_s) as timeout_cm:
+                result = await tool.invoke(arguments, ctx)
         except ToolInputError as exc:
             await self._finish(task, attempt, TaskStatus.FAILED, str(exc),
                                {"content": [{"type": "text", "text": str(exc)}], "isError": True}, None)
             return
         except TimeoutError:
-            msg = f"Tool {tool.name} timed out after {tool.timeout_s:g}s"
+            if backend.cancel_flag:
+                return
+            if timeout_cm is not None and timeout_cm.expired():
+                backend.cancel_flag = True  # a sync tool still in its thread sees ctx.cancelled
+                msg = f"Tool {tool.name} timed out after {tool.timeout_s:g}s"
+            else:
+                msg = "Tool execution failed: TimeoutError"
             await self._finish(task, attempt, TaskStatus.FAILED, msg, None, {"code": INTERNAL_ERROR, "message": msg})
             return
-        except (asyncio.CancelledError, ToolCancelled):
+        except asyncio.CancelledError:
             if backend.cancel_flag or self.stopping:
-                return  # the task is already cancelled (or handed back); its late outcome is discarded
+                return  # cancelled, superseded or handed back: any late outcome is discarded
             raise
+        except ToolCancelled as exc:
+            if backend.cancel_flag or self.stopping or not await _db(backend._still_ours)():
+                return
+            # The tool gave up on its own (e.g. its pending request vanished): a failure.
+            msg = f"Tool execution failed: {exc}"
+            await self._finish(task, attempt, TaskStatus.FAILED, msg, None, {"code": INTERNAL_ERROR, "message": msg})
+            return
         except McpError as exc:
+            if backend.cancel_flag:
+                return
             await self._finish(task, attempt, TaskStatus.FAILED, f"Tool execution failed: {exc.message}", None,
                                exc.to_error())
             return
         except Exception as exc:
+            if backend.cancel_flag:
+                return
             logger.exception("tool %s crashed in task %s", tool.name, task.task_id)
             msg = f"Tool execution failed: {type(exc).__name__}: {exc}"
             if task.kind == Task.Kind.REQUEST:
@@ -438,7 +577,8 @@ class Worker:
             task=task, to=status, status_message=message, result=result, error=error, attempt=attempt
         )
         if not ok:
-            logger.info("late outcome of task %s discarded (status is no longer live)", task.task_id)
+            logger.info("late outcome of task %s attempt %d discarded (no longer live or superseded)",
+                        task.task_id, attempt)
 
     async def _maybe_cleanup(self) -> None:
         if not self.run_cleanup:
@@ -451,4 +591,3 @@ class Worker:
             await _db(services.cleanup_expired)()
         except Exception:
             logger.warning("periodic cleanup failed", exc_info=True)
-

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from django.db import connection, transaction
 
-from mcptasks.registry import ToolContext, resource, tool
+from mcptasks.registry import SyncToolContext, ToolContext, resource, tool
 
 from .models import RunRecord
 
@@ -68,3 +69,36 @@ def test_ignores_cancel(key: str, ms: int = 1000) -> str:
     time.sleep(ms / 1000)
     _record(key, 1, "end")
     return f"finished {key}"
+
+
+@tool(task_support="optional", retryable=False, description="Records start; on cancellation records 'stopped'.")
+async def test_cancellable(key: str, ms: int = 10000, ctx: ToolContext | None = None) -> str:
+    assert ctx is not None
+    await _arecord(key, ctx.attempt, "start")
+    try:
+        await asyncio.sleep(ms / 1000)
+    except asyncio.CancelledError:
+        await _arecord(key, ctx.attempt, "stopped")
+        raise
+    await _arecord(key, ctx.attempt, "end")
+    return f"done {key}"
+
+
+@tool(task_support="optional", retryable=False, description="A sync tool that ignores cancellation.")
+def test_stubborn(key: str, ms: int = 1500, ctx: SyncToolContext | None = None) -> str:
+    assert ctx is not None
+    _record(key, ctx.attempt, "start")
+    time.sleep(ms / 1000)
+    _record(key, ctx.attempt, "end")
+    return f"late result of {key}"
+
+
+@tool(task_support="optional", retryable=True, description="Returns the wall-clock time it started (latency bench).")
+async def test_stamp() -> dict[str, float]:
+    return {"t": time.time()}
+
+
+@tool(task_support="optional", retryable=True, description="A trivial fast tool for throughput tests.")
+async def test_tick(n: int = 0, ctx: ToolContext | None = None) -> str:
+    assert ctx is not None
+    return f"tick {n} attempt {ctx.attempt}"

@@ -297,7 +297,8 @@ class McpConsumer(AsyncHttpConsumer):
         scope = required_scope(msg.method, msg.params)
         if scope and not self.auth.has_scope(scope):
             err = insufficient_scope(scope=scope, resource_url=self._resource_url())
-            await self._send_json(err.status, err.body, err.headers)
+            # The request was parsed: answer it as a JSON-RPC error response carrying its id.
+            await self._send_json(err.status, {**err.body, "id": rid}, err.headers)
             return
         try:
             await database_sync_to_async(ratelimit.check_rate)(

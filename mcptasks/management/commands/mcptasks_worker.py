@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
@@ -16,7 +18,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--concurrency", type=int, default=None, help="Tools run at once (default setting).")
-        parser.add_argument("--worker-id", default=None)
+        parser.add_argument("--worker-id", default=None, help="Defaults to <hostname>-<pid>-<random>.")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         asyncio.run(self._main(opts["concurrency"], opts["worker_id"]))
@@ -32,3 +34,10 @@ class Command(BaseCommand):
         self.stdout.write(f"worker {worker.worker_id} running (concurrency {worker.concurrency})")
         self.stdout.flush()
         await worker.run(stop)
+        if worker.abandoned_threads:
+            # A handed-back sync tool still runs in a thread that nothing can interrupt; its task
+            # already belongs to another worker, so exit now instead of waiting for it.
+            self.stdout.write(f"worker {worker.worker_id} exiting with a handed-back sync tool still running")
+            self.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)

@@ -1,0 +1,118 @@
+"""``manage.py mcptasks_cleanup``: expired tasks and their messages go, in bounded batches."""
+
+from __future__ import annotations
+
+import io
+import threading
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+from mcptasks import services
+from mcptasks.models import Task, TaskMessage, TaskStatus
+from tenants.models import Principal, Tenant
+from tests.conftest import require_postgres
+from tests.mcptasks.conftest import expire, make_auth, make_session, make_task
+
+
+class BatchSpy:
+    """Wraps services._delete_batch and records how many expired tasks each batch deleted."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.task_batches: list[int] = []
+        real = services._delete_batch
+
+        def spy(flt: Any, batch: int, *, release: bool) -> int:
+            n = real(flt, batch, release=release)
+            if release:  # the expired-task pass (plain requests are swept with release=False)
+                self.task_batches.append(n)
+            return n
+
+        monkeypatch.setattr(services, "_delete_batch", spy)
+
+
+@pytest.mark.django_db
+def test_cleanup_command_deletes_expired_tasks_in_bounded_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    auth = make_auth()
+    session = make_session(auth)
+    expired = [make_task(auth, session) for _ in range(25)]
+    for task in expired:
+        expire(task)
+    spy = BatchSpy(monkeypatch)
+    out = io.StringIO()
+    call_command("mcptasks_cleanup", "--batch-size", "10", stdout=out)
+    assert spy.task_batches == [10, 10, 5]
+    assert "deleted 25 expired tasks" in out.getvalue()
+    assert not Task.objects.filter(pk__in=[t.pk for t in expired]).exists()
+
+
+@pytest.mark.django_db
+def test_cleanup_deletes_task_messages_releases_slots_and_keeps_unexpired() -> None:
+    auth = make_auth()
+    session = make_session(auth)
+    live_expired = [make_task(auth, session) for _ in range(3)]
+    done_expired = make_task(auth, session)
+    services.transition(task=done_expired, to=TaskStatus.COMPLETED, result={"content": []})
+    asking = live_expired[0]
+    services.add_task_message(task=asking, method="elicitation/create", params={"message": "?"})
+    keep = [make_task(auth, session, ttl_ms=3_600_000) for _ in range(2)]
+    for task in [*live_expired, done_expired]:
+        expire(task)
+    assert Principal.objects.get(pk=auth.principal_id).active_tasks == 5  # 3 expired-live + 2 kept
+    assert TaskMessage.objects.filter(task=asking).count() == 1
+
+    call_command("mcptasks_cleanup", "--batch-size", "2", stdout=io.StringIO())
+
+    assert set(Task.objects.filter(principal_id=auth.principal_id).values_list("pk", flat=True)) == {
+        t.pk for t in keep
+    }
+    assert TaskMessage.objects.count() == 0
+    # The slots of the three non-terminal expired tasks are free again; the kept ones still count.
+    assert Principal.objects.get(pk=auth.principal_id).active_tasks == 2
+    assert Tenant.objects.get(pk=auth.tenant_id).active_tasks == 2
+
+
+@pytest.mark.django_db
+def test_cleanup_with_nothing_expired_deletes_nothing() -> None:
+    auth = make_auth()
+    tasks = [make_task(auth) for _ in range(3)]
+    out = io.StringIO()
+    call_command("mcptasks_cleanup", stdout=out)
+    assert "deleted 0 expired tasks" in out.getvalue()
+    assert Task.objects.filter(pk__in=[t.pk for t in tasks]).count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_cleaners_never_delete_the_same_rows_twice() -> None:
+    require_postgres()
+    auth = make_auth()
+    session = make_session(auth)
+    n_expired = 120
+    for _ in range(n_expired):
+        expire(make_task(auth, session))
+    keep = make_task(auth, session)
+    totals: list[int] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(3)
+
+    def cleaner() -> None:
+        try:
+            barrier.wait(10)
+            totals.append(services.cleanup_expired(batch_size=5)["tasks"])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=cleaner) for _ in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not errors, errors
+    assert sum(totals) == n_expired, totals
+    assert list(Task.objects.filter(principal_id=auth.principal_id).values_list("pk", flat=True)) == [keep.pk]
+    # Each slot was released exactly once: only the kept task still holds one.
+    assert Principal.objects.get(pk=auth.principal_id).active_tasks == 1

@@ -1,0 +1,139 @@
+"""The worker's database rules, in-process (SQLite or PostgreSQL): claim, renew, reap, hand back."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from mcptasks.models import Task, TaskStatus
+from mcptasks.registry import Registry
+from mcptasks.worker import WORKER_LOST, Worker, tool_lock_key
+
+pytestmark = pytest.mark.django_db
+
+reg = Registry()
+
+
+@reg.tool(task_support="optional", retryable=True)
+async def u_retry() -> str:
+    return "ok"
+
+
+@reg.tool(task_support="optional")
+async def u_once() -> str:
+    return "ok"
+
+
+@reg.tool(task_support="optional", max_concurrency=2)
+async def u_limited() -> str:
+    return "ok"
+
+
+def make_task(tool: str, *, max_attempts: int = 1, **kw: Any) -> Task:
+    from tenants.services import anonymous_principal, default_tenant
+
+    tenant = default_tenant()
+    now = timezone.now()
+    return Task.objects.create(
+        tenant=tenant, principal=anonymous_principal(tenant=tenant), session_id="s", tool_name=tool,
+        params={"name": tool, "arguments": {}}, created_at=now, last_updated_at=now, max_attempts=max_attempts,
+        ttl_ms=60_000, **kw,
+    )
+
+
+def worker(name: str = "w1") -> Worker:
+    return Worker(concurrency=4, worker_id=name, registry_=reg, run_cleanup=False)
+
+
+def test_claim_stamps_attempt_worker_and_lease() -> None:
+    t = make_task("u_retry", max_attempts=3)
+    claimed = worker()._claim(10)
+    assert [c.task_id for c in claimed] == [t.task_id]
+    t.refresh_from_db()
+    assert t.attempt == 1 and t.worker_id == "w1" and t.lease_expires_at > timezone.now()
+    assert worker("w2")._claim(10) == []  # leased: nobody else gets it
+
+
+def test_expired_lease_of_retryable_task_is_rerun_with_next_attempt() -> None:
+    past = timezone.now() - dt.timedelta(seconds=1)
+    t = make_task("u_retry", max_attempts=3, attempt=1, worker_id="dead", lease_expires_at=past)
+    (c,) = worker("w2")._claim(10)
+    assert c.attempt == 2 and c.worker_id == "w2"
+    assert worker("w2")._reap_lost() == 0
+    t.refresh_from_db()
+    assert t.status == TaskStatus.WORKING
+
+
+def test_expired_lease_of_last_attempt_fails_as_worker_lost() -> None:
+    past = timezone.now() - dt.timedelta(seconds=1)
+    t = make_task("u_once", attempt=1, worker_id="dead", lease_expires_at=past)
+    assert worker()._claim(10) == []
+    assert worker()._reap_lost() == 1
+    t.refresh_from_db()
+    assert t.status == TaskStatus.FAILED and t.status_message == WORKER_LOST
+    assert t.error == {"code": -32603, "message": WORKER_LOST}
+
+
+def test_live_lease_is_not_reaped() -> None:
+    future = timezone.now() + dt.timedelta(seconds=30)
+    t = make_task("u_once", attempt=1, worker_id="alive", lease_expires_at=future)
+    assert worker()._reap_lost() == 0
+    t.refresh_from_db()
+    assert t.status == TaskStatus.WORKING
+
+
+def test_hand_back_releases_at_once_without_using_an_attempt() -> None:
+    t = make_task("u_once")
+    w1 = worker("w1")
+    (c,) = w1._claim(10)
+    assert w1._release([(c.task_id, c.attempt)]) == 1
+    t.refresh_from_db()
+    assert t.lease_expires_at is None and t.worker_id is None and t.attempt == 1 and t.max_attempts == 2
+    assert worker("w2")._reap_lost() == 0  # a handed-back task was never lost
+    (again,) = worker("w2")._claim(10)
+    assert again.attempt == 2  # a fresh attempt number: the interrupted run can't write
+    # The old run's outcome is refused (WHERE attempt = ours).
+    from mcptasks import services
+
+    assert not services.transition(task=t, to=TaskStatus.COMPLETED, result={"content": []}, attempt=1)
+    assert services.transition(task=t, to=TaskStatus.COMPLETED, result={"content": []}, attempt=2)
+
+
+def test_renew_reports_cancelled_and_superseded_runs() -> None:
+    w = worker("w1")
+    a, b, c = (make_task("u_retry", max_attempts=3) for _ in range(3))
+    claimed = {t.task_id: t.attempt for t in w._claim(10)}
+    assert set(claimed) == {a.task_id, b.task_id, c.task_id}
+    Task.objects.filter(pk=b.pk).update(cancel_requested=True, status=TaskStatus.CANCELLED)
+    Task.objects.filter(pk=c.pk).update(attempt=2, worker_id="w2")  # taken over after a stall
+    assert sorted(w._renew(claimed)) == sorted([b.task_id, c.task_id])
+
+
+def test_claim_skips_tasks_already_running_here() -> None:
+    past = timezone.now() - dt.timedelta(seconds=1)
+    t = make_task("u_retry", max_attempts=3, attempt=1, worker_id="w1", lease_expires_at=past)
+    w = worker("w1")
+    w.running[t.task_id] = (None, None, 1)  # type: ignore[assignment]
+    assert w._claim(10) == []
+
+
+def test_max_concurrency_counts_live_leases_of_every_worker() -> None:
+    future = timezone.now() + dt.timedelta(seconds=30)
+    make_task("u_limited", attempt=1, worker_id="other", lease_expires_at=future)
+    for _ in range(3):
+        make_task("u_limited")
+    other = make_task("u_once")
+    claimed = worker()._claim(10)
+    names = sorted(t.tool_name for t in claimed)
+    assert names == ["u_limited", "u_once"]  # one slot left of 2; other tools not held up
+    assert other.task_id in {t.task_id for t in claimed}
+    assert worker("w3")._claim(10) == []
+
+
+def test_tool_lock_key_is_a_stable_int4() -> None:
+    key = tool_lock_key("render_report")
+    assert key == tool_lock_key("render_report") != tool_lock_key("other")
+    assert -(2**31) <= key < 2**31

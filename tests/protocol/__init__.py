@@ -1,0 +1,1 @@
+"""Unit tests of the pure protocol layer (no Django, no database)."""
