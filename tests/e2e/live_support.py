@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -44,6 +45,9 @@ def start_pair(stack: Stack, *, extra_env: dict[str, str] | None = None) -> Iter
             procs.append(a)
             yield Pair(a, a, False)
     finally:
+        for p in procs:  # signal all first: they shut down in parallel
+            if p.alive:
+                p.popen.send_signal(signal.SIGTERM)
         for p in procs:
             p.terminate(timeout=10)
 

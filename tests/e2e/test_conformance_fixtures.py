@@ -121,7 +121,8 @@ def test_sampling(client: McpClient) -> None:
     params = seen[0]["params"]
     assert params["messages"] == [{"role": "user", "content": {"type": "text", "text": "Test prompt for sampling"}}]
     assert params["maxTokens"] == 100 and type(params["maxTokens"]) is int
-    assert reply.result == {"content": [{"type": "text", "text": "LLM response: This is a test response from the client"}]}
+    expected = "LLM response: This is a test response from the client"
+    assert reply.result == {"content": [{"type": "text", "text": expected}]}
 
 
 def test_elicitation(client: McpClient) -> None:

@@ -16,7 +16,14 @@ import pytest
 
 from tests.conftest import require_multiprocess
 from tests.e2e.live_support import (
-    RELATED, Listener, Pair, is_terminal_note, start_pair, status_notes, twin, wait_status,
+    RELATED,
+    Listener,
+    Pair,
+    is_terminal_note,
+    start_pair,
+    status_notes,
+    twin,
+    wait_status,
 )
 from tests.support.client import McpClient
 from tests.support.servers import Stack

@@ -55,11 +55,11 @@ def test_feature_gates() -> None:
 
 # --- state machine ------------------------------------------------------------------------------
 
-W, I, C, F, X = (TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED, TaskStatus.COMPLETED, TaskStatus.FAILED,
+W, IR, C, F, X = (TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED, TaskStatus.COMPLETED, TaskStatus.FAILED,
                  TaskStatus.CANCELLED)
 # The spec's lifecycle (tasks-2025-11-25): working <-> input_required; both may end in any
 # terminal status; terminal statuses never change.
-SPEC_ALLOWED = {(W, I), (W, C), (W, F), (W, X), (I, W), (I, C), (I, F), (I, X)}
+SPEC_ALLOWED = {(W, IR), (W, C), (W, F), (W, X), (IR, W), (IR, C), (IR, F), (IR, X)}
 
 
 @pytest.mark.parametrize(("src", "dst"), list(itertools.product(TaskStatus, TaskStatus)))
