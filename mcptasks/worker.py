@@ -62,6 +62,24 @@ def _db(fn: Any) -> Any:
     return sync_to_async(inner, thread_sensitive=True)
 
 
+def _db_side(fn: Any) -> Any:
+    """Like :func:`_db` but on a pool thread with its own connection.
+
+    Lease renewals use it so they never queue behind the tools' database work: an overloaded
+    worker must still renew its leases, or its tasks would be re-run elsewhere.
+    """
+
+    def inner(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (OperationalError, InterfaceError):
+            if not connection.in_atomic_block:
+                connection.close()
+            raise
+
+    return sync_to_async(inner, thread_sensitive=False)
+
+
 def tool_lock_key(tool_name: str) -> int:
     """A stable signed 32-bit key for ``pg_advisory_xact_lock`` of one tool's concurrency limit."""
     return zlib.crc32(f"mcptasks.tool:{tool_name}".encode()) - 2**31
@@ -325,7 +343,7 @@ class Worker:
                 await self._heartbeat_row()
                 entries = {task_id: attempt for task_id, (_t, _b, attempt) in self.running.items()}
                 if entries:
-                    for task_id in await _db(self._renew)(entries):
+                    for task_id in await _db_side(self._renew)(entries):
                         await self._cancel_local(task_id)
                 await self._maybe_reap()
             except asyncio.CancelledError:
