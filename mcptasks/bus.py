@@ -58,11 +58,21 @@ def get_stream_id(session_id: str) -> str:
 
 
 def parse_event_id(event_id: str) -> tuple[str, int] | None:
-    """Split an SSE event id into (stream id, sequence); None if malformed."""
+    """Split an SSE event id into (stream id, sequence); None if malformed.
+
+    Data events are ``<stream>.<seq>``; priming events add ``-<nonce>`` so that every id is
+    unique within the session even when a stream is re-opened at the same position.
+    """
     stream, _, seq = event_id.rpartition(".")
+    seq = seq.split("-", 1)[0]
     if not stream or not seq.isdigit() or len(stream) > 64:
         return None
     return stream, int(seq)
+
+
+def priming_id(stream_id: str, seq: int) -> str:
+    """A unique event id for a priming event positioned after event ``seq`` of the stream."""
+    return f"{stream_id}.{seq}-{secrets.token_hex(4)}"
 
 
 def _layer_send(group: str, message: dict[str, Any]) -> None:

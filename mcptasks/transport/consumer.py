@@ -29,7 +29,7 @@ from .. import bus, conf, selectors, services
 from ..handlers import RequestContext, StreamReply, dispatcher, operation_class, required_scope
 from ..models import McpSession, StreamEvent, Task
 from ..protocol import jsonrpc, versions
-from ..protocol.errors import INTERNAL_ERROR, INVALID_REQUEST, McpError
+from ..protocol.errors import INTERNAL_ERROR, INVALID_REQUEST, TASK_EXPIRED, TASK_NOT_FOUND, McpError
 from . import sse
 
 logger = logging.getLogger(__name__)
@@ -346,7 +346,7 @@ class McpConsumer(AsyncHttpConsumer):
         await self._join(bus.stream_group(stream_id))
         if self.session is not None:
             await self._join(bus.session_group(self.session.pk))
-        await self._start_sse(priming_id=f"{stream_id}.0")
+        await self._start_sse(priming_id=bus.priming_id(stream_id, 0))
         return stream_id
 
     async def _start_sse(self, *, priming_id: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
@@ -475,9 +475,13 @@ class McpConsumer(AsyncHttpConsumer):
         assert self.task is not None and self.stream_id is not None
         task = await database_sync_to_async(Task.objects.filter(pk=self.task.pk).first)()
         if task is None:
-            await self._emit_direct(McpError(-32602, "Failed to retrieve task: Task not found"))
+            await self._emit_direct(McpError(-32602, TASK_NOT_FOUND))
             return
         self.task = task
+        if not task.is_terminal and selectors.is_expired(task):
+            # The ttl ran out while we waited: answer like tasks/get would.
+            await self._emit_direct(McpError(-32602, TASK_EXPIRED))
+            return
         if not task.is_terminal:
             if task.stream_id != self.stream_id:
                 # A newer tasks/result stream of this task receives its messages (never two).
@@ -532,7 +536,7 @@ class McpConsumer(AsyncHttpConsumer):
         self.floor = int(last or 0)
         await self._join(bus.stream_group(stream_id))
         await self._join(bus.session_group(session.pk))
-        await self._start_sse(priming_id=f"{stream_id}.{self.floor}")
+        await self._start_sse(priming_id=bus.priming_id(stream_id, self.floor))
         await self._replay(await self._stored_events(stream_id, self.floor))
 
     async def _resume(self, session: McpSession, last_event_id: str) -> None:
@@ -556,7 +560,7 @@ class McpConsumer(AsyncHttpConsumer):
         # Join first, then replay: anything published meanwhile is deduplicated by sequence.
         await self._join(bus.stream_group(stream_id))
         await self._join(bus.session_group(session.pk))
-        await self._start_sse(priming_id=f"{stream_id}.{seq}")
+        await self._start_sse(priming_id=bus.priming_id(stream_id, seq))
         self.floor = seq
         events = await self._stored_events(stream_id, 0 if stream_id.startswith("r") else seq)
         marker: dict[str, Any] | None = None
@@ -593,7 +597,7 @@ class McpConsumer(AsyncHttpConsumer):
         )()
         self.result_request_id = marker.get("rid")
         if task is None:
-            await self._emit_direct(McpError(-32602, "Failed to retrieve task: Task not found"))
+            await self._emit_direct(McpError(-32602, TASK_NOT_FOUND))
             return
         self.task = task
         self.mode = "task_result"
