@@ -475,8 +475,8 @@ prompt = registry.prompt
 __all__ = [
     "Registry",
     "SyncToolContext",
-    "ToolCancelled",
     "Tool",
+    "ToolCancelled",
     "ToolContext",
     "ToolInputError",
     "ToolResult",

@@ -6,6 +6,11 @@ import os
 
 from . import conf
 
+INIT_BODY = (
+    '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25",'
+    '"capabilities":{},"clientInfo":{"name":"curl","version":"1"}}}'
+)
+
 
 class DevServer:
     """Daphne serving ``mcptasks.asgi:application`` with the embedded worker."""
@@ -42,8 +47,7 @@ class DevServer:
             "Try it:",
             f"  curl -s {self.url} -H 'Authorization: Bearer {token}' "
             "-H 'Content-Type: application/json' -H 'Accept: application/json, text/event-stream' "
-            "-d '{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-11-25\","
-            "\"capabilities\":{},\"clientInfo\":{\"name\":\"curl\",\"version\":\"1\"}}}'",
+            "-d '" + INIT_BODY + "'",
             f"MCP URL: {self.url}",
             f"Dev token (Authorization: Bearer ...): {token}",
         ]

@@ -249,7 +249,7 @@ def watched_resource() -> str:
 
 @resource_template("test://template/{id}/data", name="template", description="A templated resource",
                    mime_type="application/json")
-def template_data(id: str) -> str:  # noqa: A002  (the template variable's name)
+def template_data(id: str) -> str:
     return json.dumps({"id": id, "templateTest": True, "data": f"Data for ID: {id}"}, separators=(",", ":"))
 
 
@@ -277,7 +277,7 @@ def test_prompt_with_arguments(arg1: str, arg2: str) -> list[dict[str, Any]]:
     description="A prompt that embeds a resource",
     arguments=[{"name": "resourceUri", "description": "URI of the resource to embed", "required": True}],
 )
-def test_prompt_with_embedded_resource(resourceUri: str) -> list[dict[str, Any]]:  # noqa: N803
+def test_prompt_with_embedded_resource(resourceUri: str) -> list[dict[str, Any]]:
     return [
         {
             "role": "user",

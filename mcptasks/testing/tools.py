@@ -14,7 +14,7 @@ from .models import RunRecord
 
 def _record(task_key: str, attempt: int, event: str) -> None:
     with transaction.atomic():
-        RunRecord.objects.create(task_key=task_key, attempt=attempt, event=event)
+        RunRecord._default_manager.create(task_key=task_key, attempt=attempt, event=event)
     connection.close()
 
 
