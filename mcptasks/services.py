@@ -377,7 +377,7 @@ def cleanup_expired(*, batch_size: int | None = None, max_batches: int = 1000) -
     settings = conf.get()
     batch = batch_size or settings.CLEANUP_BATCH_SIZE
     now = timezone.now()
-    counts = {"tasks": 0, "requests": 0, "events": 0, "sessions": 0}
+    counts = {"tasks": 0, "requests": 0, "events": 0, "sessions": 0, "workers": 0}
     for _ in range(max_batches):
         n = _delete_batch(Q(kind=Task.Kind.TASK, expires_at__lte=now), batch, release=True)
         counts["tasks"] += n
@@ -405,9 +405,21 @@ def cleanup_expired(*, batch_size: int | None = None, max_batches: int = 1000) -
     )
     if stale:
         counts["sessions"] = McpSession.objects.filter(pk__in=stale).delete()[1].get("mcptasks.McpSession", 0)
+    # Heartbeat rows of workers that died without a clean exit (their tasks are reclaimed by
+    # lease expiry; the row only tells operators). Kept for ten leases so they can be seen.
+    dead_cutoff = now - dt.timedelta(seconds=max(60.0, 10 * settings.WORKER_LEASE_S))
+    counts["workers"] = WorkerHeartbeat.objects.filter(last_seen_at__lt=dead_cutoff).delete()[0]
     if any(counts.values()):
         logger.info("cleanup removed %s", counts)
     return counts
+
+
+def touch_session(*, session: McpSession, min_interval_s: float = 60.0) -> None:
+    """Record activity on a session (at most once a minute) so idle cleanup spares it."""
+    now = timezone.now()
+    if session.last_seen_at is None or (now - session.last_seen_at).total_seconds() >= min_interval_s:
+        McpSession.objects.filter(pk=session.pk).update(last_seen_at=now)
+        session.last_seen_at = now
 
 
 def _delete_batch(flt: Q, batch: int, *, release: bool) -> int:

@@ -233,6 +233,7 @@ class McpConsumer(AsyncHttpConsumer):
         session = await database_sync_to_async(selectors.get_session)(session_id=sid, auth=self.auth)
         if session is None:
             raise HttpError(404, "Session not found")
+        await database_sync_to_async(services.touch_session)(session=session)
         return session
 
     # --- POST --------------------------------------------------------------------------------

@@ -19,5 +19,6 @@ class Command(BaseCommand):
         counts = services.cleanup_expired(batch_size=opts["batch_size"])
         self.stdout.write(
             f"deleted {counts['tasks']} expired tasks, {counts['requests']} finished requests, "
-            f"{counts['events']} stream events, {counts['sessions']} sessions"
+            f"{counts['events']} stream events, {counts['sessions']} sessions, "
+            f"{counts['workers']} dead worker rows"
         )
