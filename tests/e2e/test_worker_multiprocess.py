@@ -316,7 +316,7 @@ def test_timeout_fails_task_with_status_message(mp: Stack, daphne_a: Proc, procs
 
 # --- throughput -----------------------------------------------------------------------------------
 
-BULK = int(os.environ.get("MCPTASKS_TEST_BULK_TASKS", "2000"))
+BULK = int(os.environ.get("MCPTASKS_TEST_BULK_TASKS", "10000"))
 
 
 def test_bulk_tasks_over_four_workers_end_terminal_exactly_once(mp: Stack, procs: list[Proc]) -> None:
