@@ -137,6 +137,15 @@ def _page(items: list[Any], cursor: str | None, size: int, kind: str) -> tuple[l
     return page, nxt
 
 
+def _list_result(key: str, items: list[Any], cursor: str | None, size: int) -> dict[str, Any]:
+    """A ``*/list`` result: one page under ``key`` and ``nextCursor`` only when there is more."""
+    page, nxt = _page(items, cursor, size, key)
+    out: dict[str, Any] = {key: page}
+    if nxt:
+        out["nextCursor"] = nxt
+    return out
+
+
 # --- tools -----------------------------------------------------------------------------------
 
 
@@ -145,11 +154,7 @@ async def tools_list(ctx: RequestContext, params: PaginatedParams) -> dict[str, 
     """Tools in name order, paginated."""
     with_execution = versions.has_tasks(ctx.protocol_version)
     tools = [t.definition(with_execution=with_execution) for t in ctx.registry.sorted_tools()]
-    page, nxt = _page(tools, params.cursor, conf.get().TOOLS_PAGE_SIZE, "tools")
-    out: dict[str, Any] = {"tools": page}
-    if nxt:
-        out["nextCursor"] = nxt
-    return out
+    return _list_result("tools", tools, params.cursor, conf.get().TOOLS_PAGE_SIZE)
 
 
 @dispatcher.register("tools/call", CallToolParams)
@@ -254,22 +259,14 @@ async def tasks_cancel(ctx: RequestContext, params: TaskIdParams) -> dict[str, A
 async def resources_list(ctx: RequestContext, params: PaginatedParams) -> dict[str, Any]:
     """Static resources."""
     items = [r.definition() for _, r in sorted(ctx.registry.resources.items())]
-    page, nxt = _page(items, params.cursor, 100, "resources")
-    out: dict[str, Any] = {"resources": page}
-    if nxt:
-        out["nextCursor"] = nxt
-    return out
+    return _list_result("resources", items, params.cursor, 100)
 
 
 @dispatcher.register("resources/templates/list", PaginatedParams)
 async def resource_templates_list(ctx: RequestContext, params: PaginatedParams) -> dict[str, Any]:
     """Resource templates."""
     items = [t.definition() for _, t in sorted(ctx.registry.templates.items())]
-    page, nxt = _page(items, params.cursor, 100, "templates")
-    out: dict[str, Any] = {"resourceTemplates": page}
-    if nxt:
-        out["nextCursor"] = nxt
-    return out
+    return _list_result("resourceTemplates", items, params.cursor, 100)
 
 
 @dispatcher.register("resources/read", ReadResourceParams)
@@ -306,11 +303,7 @@ async def resources_unsubscribe(ctx: RequestContext, params: ReadResourceParams)
 async def prompts_list(ctx: RequestContext, params: PaginatedParams) -> dict[str, Any]:
     """Prompts in name order."""
     items = [p.definition() for _, p in sorted(ctx.registry.prompts.items())]
-    page, nxt = _page(items, params.cursor, 100, "prompts")
-    out: dict[str, Any] = {"prompts": page}
-    if nxt:
-        out["nextCursor"] = nxt
-    return out
+    return _list_result("prompts", items, params.cursor, 100)
 
 
 @dispatcher.register("prompts/get", GetPromptParams)

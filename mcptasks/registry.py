@@ -360,21 +360,11 @@ class Resource:
 
     def definition(self) -> dict[str, Any]:
         """The Resource object of ``resources/list``."""
-        out: dict[str, Any] = {"uri": self.uri, "name": self.name}
-        if self.title:
-            out["title"] = self.title
-        if self.description:
-            out["description"] = self.description
-        if self.mime_type:
-            out["mimeType"] = self.mime_type
-        return out
+        return _described({"uri": self.uri, "name": self.name}, self.title, self.description, self.mime_type)
 
     async def read(self, uri: str, **kwargs: Any) -> list[dict[str, Any]]:
         """The ``contents`` of ``resources/read``."""
-        value = self.fn(**kwargs)
-        if inspect.isawaitable(value):
-            value = await value
-        return resource_contents(uri, value, self.mime_type)
+        return resource_contents(uri, await _call(self.fn, **kwargs), self.mime_type)
 
 
 @dataclass
@@ -391,14 +381,8 @@ class ResourceTemplate:
 
     def definition(self) -> dict[str, Any]:
         """The ResourceTemplate object of ``resources/templates/list``."""
-        out: dict[str, Any] = {"uriTemplate": self.uri_template, "name": self.name}
-        if self.title:
-            out["title"] = self.title
-        if self.description:
-            out["description"] = self.description
-        if self.mime_type:
-            out["mimeType"] = self.mime_type
-        return out
+        out = {"uriTemplate": self.uri_template, "name": self.name}
+        return _described(out, self.title, self.description, self.mime_type)
 
     def match(self, uri: str) -> dict[str, str] | None:
         """Variables of ``uri`` if it matches this template."""
@@ -408,10 +392,27 @@ class ResourceTemplate:
 
     async def read(self, uri: str, variables: dict[str, str]) -> list[dict[str, Any]]:
         """The ``contents`` of ``resources/read`` for a matching URI."""
-        value = self.fn(**variables)
-        if inspect.isawaitable(value):
-            value = await value
-        return resource_contents(uri, value, self.mime_type)
+        return resource_contents(uri, await _call(self.fn, **variables), self.mime_type)
+
+
+def _described(out: dict[str, Any], title: str | None, description: str | None,
+               mime_type: str | None) -> dict[str, Any]:
+    """Add the optional descriptive members, omitting empty ones (clients reject nulls)."""
+    if title:
+        out["title"] = title
+    if description:
+        out["description"] = description
+    if mime_type:
+        out["mimeType"] = mime_type
+    return out
+
+
+async def _call(fn: Callable[..., Any], **kwargs: Any) -> Any:
+    """Call a sync or async resource/prompt function."""
+    value = fn(**kwargs)
+    if inspect.isawaitable(value):
+        value = await value
+    return value
 
 
 def resource_contents(uri: str, value: Any, mime_type: str | None) -> list[dict[str, Any]]:
@@ -452,9 +453,7 @@ class Prompt:
 
     async def render(self, arguments: dict[str, str]) -> dict[str, Any]:
         """The GetPromptResult."""
-        value = self.fn(**arguments)
-        if inspect.isawaitable(value):
-            value = await value
+        value = await _call(self.fn, **arguments)
         if isinstance(value, str):
             value = [{"role": "user", "content": text(value)}]
         if isinstance(value, dict):

@@ -44,12 +44,8 @@ WORKER_LOST = "worker lost during execution"
 LIVE = (TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED)
 
 
-def _db(fn: Any) -> Any:
-    """Run ORM code in the worker's database thread.
-
-    The connection is kept across calls (a worker is long-lived; reconnecting for every query
-    would dominate short tasks) and dropped only when it breaks, so the next call reconnects.
-    """
+def _reconnecting(fn: Any) -> Any:
+    """Wrap ORM code so a broken connection is dropped (the next call reconnects)."""
 
     def inner(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -59,7 +55,16 @@ def _db(fn: Any) -> Any:
                 connection.close()
             raise
 
-    return sync_to_async(inner, thread_sensitive=True)
+    return inner
+
+
+def _db(fn: Any) -> Any:
+    """Run ORM code in the worker's database thread.
+
+    The connection is kept across calls (a worker is long-lived; reconnecting for every query
+    would dominate short tasks) and dropped only when it breaks, so the next call reconnects.
+    """
+    return sync_to_async(_reconnecting(fn), thread_sensitive=True)
 
 
 def _db_side(fn: Any) -> Any:
@@ -68,16 +73,7 @@ def _db_side(fn: Any) -> Any:
     Lease renewals use it so they never queue behind the tools' database work: an overloaded
     worker must still renew its leases, or its tasks would be re-run elsewhere.
     """
-
-    def inner(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (OperationalError, InterfaceError):
-            if not connection.in_atomic_block:
-                connection.close()
-            raise
-
-    return sync_to_async(inner, thread_sensitive=False)
+    return sync_to_async(_reconnecting(fn), thread_sensitive=False)
 
 
 def tool_lock_key(tool_name: str) -> int:

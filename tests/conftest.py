@@ -14,16 +14,26 @@ ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith(("postgres://", "pos
 ON_REDIS = bool(os.environ.get("REDIS_URL"))
 
 
+# CI (.ci/run) sets this: a test that would skip for lack of PostgreSQL/Redis fails instead.
+REQUIRE_SERVICES = os.environ.get("MCPTASKS_REQUIRE_SERVICES") == "1"
+
+
+def _skip(reason: str) -> None:
+    if REQUIRE_SERVICES:
+        pytest.fail(f"MCPTASKS_REQUIRE_SERVICES=1 but this test {reason}")
+    pytest.skip(reason)
+
+
 def require_postgres() -> None:
     """Skip (with the reason printed in the summary) unless the tests run on PostgreSQL."""
     if not ON_POSTGRES:
-        pytest.skip("needs PostgreSQL: set DATABASE_URL=postgres://... (CI does)")
+        _skip("needs PostgreSQL: set DATABASE_URL=postgres://... (CI does)")
 
 
 def require_multiprocess() -> None:
     """Skip unless several processes can share state (PostgreSQL + Redis)."""
     if not (ON_POSTGRES and ON_REDIS):
-        pytest.skip("needs PostgreSQL and Redis shared by several processes: set DATABASE_URL and REDIS_URL (CI does)")
+        _skip("needs PostgreSQL and Redis shared by several processes: set DATABASE_URL and REDIS_URL (CI does)")
 
 
 @pytest.fixture(scope="session")

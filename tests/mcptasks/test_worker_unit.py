@@ -137,3 +137,25 @@ def test_tool_lock_key_is_a_stable_int4() -> None:
     key = tool_lock_key("render_report")
     assert key == tool_lock_key("render_report") != tool_lock_key("other")
     assert -(2**31) <= key < 2**31
+
+
+def test_progress_stops_at_terminal_status() -> None:
+    """Progress notifications MUST stop after the task reaches a terminal status."""
+    from asgiref.sync import async_to_sync
+
+    from mcptasks import services
+    from mcptasks.context import ToolCancelled
+    from mcptasks.models import StreamEvent
+    from mcptasks.worker import WorkerBackend
+
+    task = make_task("u_once")
+    Task.objects.filter(pk=task.pk).update(progress_token="tok", attempt=1)
+    task.refresh_from_db()
+    backend = WorkerBackend(Worker(registry_=reg), task)
+    async_to_sync(backend.progress)(1, 2, "half")
+    assert StreamEvent.objects.filter(data__contains='"progressToken":"tok"').count() == 1
+    assert services.transition(task=task, to=TaskStatus.COMPLETED, result={"content": []})
+    with pytest.raises(ToolCancelled):
+        async_to_sync(backend.progress)(2, 2, "done")
+    assert StreamEvent.objects.filter(data__contains='"progressToken":"tok"').count() == 1
+    assert backend.cancelled
