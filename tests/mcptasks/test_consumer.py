@@ -1,0 +1,180 @@
+"""The MCP consumer driven in-process with Channels' HttpCommunicator (no daphne).
+
+End-to-end tests against real daphne processes live in tests/e2e; these exercise the same
+consumer through the ASGI interface, with the worker running in the test's own event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from asgiref.sync import (
+    async_to_sync,
+    sync_to_async,  # noqa: I001
+)
+from channels.testing import HttpCommunicator
+from django.db import connection
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mcptasks.asgi import router
+from mcptasks.worker import Worker
+from tests.support.client import iter_sse
+from tests.support.schema import validate_server_message
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+BASE_HEADERS = [
+    (b"host", b"127.0.0.1:8000"),
+    (b"content-type", b"application/json"),
+    (b"accept", b"application/json, text/event-stream"),
+]
+INIT = {
+    "jsonrpc": "2.0", "id": 1, "method": "initialize",
+    "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+}
+
+
+@pytest.fixture(autouse=True)
+def anonymous(settings: Any) -> None:  # noqa: F811  (pytest-django's settings fixture)
+    settings.MCPTASKS = {**settings.MCPTASKS, "ALLOW_ANONYMOUS": True, "WORKER_POLL_S": 0.2}
+
+
+async def post(body: Any, headers: list[tuple[bytes, bytes]] | None = None, *, raw: bytes | None = None,
+               timeout: float = 10) -> dict[str, Any]:
+    data = raw if raw is not None else json.dumps(body).encode()
+    comm = HttpCommunicator(router, "POST", "/mcp", body=data, headers=headers or BASE_HEADERS)
+    return await comm.get_response(timeout=timeout)  # type: ignore[no-any-return]
+
+
+def headers_of(response: dict[str, Any]) -> dict[str, str]:
+    return {k.decode().lower(): v.decode() for k, v in response["headers"]}
+
+
+async def initialize() -> list[tuple[bytes, bytes]]:
+    response = await post(INIT)
+    assert response["status"] == 200
+    message = json.loads(response["body"])
+    validate_server_message(message, "initialize")
+    sid = headers_of(response)["mcp-session-id"]
+    return [*BASE_HEADERS, (b"mcp-session-id", sid.encode()), (b"mcp-protocol-version", b"2025-11-25")]
+
+
+async def test_initialize_assigns_a_session_and_negotiates_the_latest_revision() -> None:
+    response = await post(INIT)
+    assert response["status"] == 200
+    body = json.loads(response["body"])
+    assert body["result"]["protocolVersion"] == "2025-11-25"
+    sid = headers_of(response)["mcp-session-id"]
+    assert len(sid) >= 22 and all(0x21 <= ord(c) <= 0x7E for c in sid)
+
+
+async def test_http_rules_are_enforced_before_dispatch() -> None:
+    no_accept = [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json"), (b"accept", b"application/json")]
+    assert (await post(INIT, no_accept))["status"] == 406
+    bad_type = [(b"host", b"127.0.0.1:8000"), (b"content-type", b"text/plain"),
+                (b"accept", b"application/json, text/event-stream")]
+    assert (await post(INIT, bad_type))["status"] == 415
+    evil_host = [(b"host", b"evil.example.com"), *BASE_HEADERS[1:]]
+    assert (await post(INIT, evil_host))["status"] == 400
+    origin = [*BASE_HEADERS, (b"origin", b"http://evil.example.com")]
+    forbidden = await post(INIT, origin)
+    assert forbidden["status"] == 403
+    assert "id" not in json.loads(forbidden["body"])
+
+
+async def test_malformed_input_gets_json_rpc_errors_never_500() -> None:
+    parse = await post(None, raw=b"{not json")
+    assert parse["status"] == 400 and json.loads(parse["body"])["error"]["code"] == -32700
+    invalid = await post({"jsonrpc": "1.0", "id": 1, "method": "ping"})
+    assert json.loads(invalid["body"])["error"]["code"] == -32600
+    headers = await initialize()
+    unknown = json.loads((await post({"jsonrpc": "2.0", "id": 2, "method": "nope"}, headers))["body"])
+    assert unknown["error"]["code"] == -32601
+    bad = json.loads((await post({"jsonrpc": "2.0", "id": 3, "method": "tasks/get", "params": {"taskId": 5}},
+                                 headers))["body"])
+    assert bad["error"]["code"] == -32602
+
+
+async def test_requests_after_initialize_need_a_known_session() -> None:
+    missing = await post({"jsonrpc": "2.0", "id": 2, "method": "ping"})
+    assert missing["status"] == 400
+    unknown = [*BASE_HEADERS, (b"mcp-session-id", b"nope")]
+    assert (await post({"jsonrpc": "2.0", "id": 2, "method": "ping"}, unknown))["status"] == 404
+
+
+async def test_tool_call_streams_progress_then_the_result_with_an_in_loop_worker() -> None:
+    headers = await initialize()
+    stop = asyncio.Event()
+    worker = Worker(concurrency=2, run_cleanup=False)
+    runner = asyncio.ensure_future(worker.run(stop))
+    try:
+        body = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                "params": {"name": "demo_progress", "arguments": {"steps": 2, "interval_ms": 10},
+                           "_meta": {"progressToken": "p1"}}}
+        comm = HttpCommunicator(router, "POST", "/mcp", body=json.dumps(body).encode(), headers=headers)
+        response = await comm.get_response(timeout=20)
+    finally:
+        stop.set()
+        await asyncio.wait_for(runner, 20)
+        # The worker keeps its connection in asgiref's shared sync thread; release it so the
+        # test database can be dropped.
+        await sync_to_async(lambda: connection.close())()
+    assert response["status"] == 200
+    assert headers_of(response)["content-type"] == "text/event-stream"
+    events = [e for e in iter_sse(iter(response["body"].decode().split("\n"))) if not isinstance(e, str)]
+    assert events[0].data == "" and events[0].retry is not None  # the priming event comes first
+    messages = [e.message for e in events if e.message]
+    for m in messages:
+        validate_server_message(m, "tools/call" if "method" not in m else None)
+    progress = [m["params"]["progress"] for m in messages if m.get("method") == "notifications/progress"]
+    assert progress == [1, 2]
+    assert messages[-1]["id"] == 7
+    assert messages[-1]["result"]["content"][0]["text"] == "Completed 2 steps"
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    max_leaves=12,
+)
+methods = st.sampled_from([
+    "ping", "tools/list", "tools/call", "tasks/get", "tasks/result", "tasks/list", "tasks/cancel",
+    "resources/read", "prompts/get", "completion/complete", "logging/setLevel", "initialize", "nope",
+])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    message=st.one_of(
+        json_values,
+        st.fixed_dictionaries(
+            {"jsonrpc": st.just("2.0"), "id": st.one_of(st.integers(0, 10**6), st.text(max_size=8)),
+             "method": methods},
+            optional={"params": json_values},
+        ),
+    )
+)
+def test_arbitrary_json_never_gets_a_500_or_a_non_json_error(message: Any) -> None:
+    """Property: whatever JSON arrives, the answer is a well-formed HTTP/JSON-RPC reply."""
+    async def run() -> dict[str, Any]:
+        headers = await initialize()
+        return await post(message, headers, timeout=10)
+
+    response = async_to_sync(run)()
+    assert response["status"] in {200, 202, 400, 404, 413, 429}
+    body = response["body"]
+    if response["status"] == 202:
+        assert body == b""
+        return
+    if headers_of(response).get("content-type") == "text/event-stream":
+        return  # a tool call was accepted and is streaming (no worker runs in this test)
+    parsed = json.loads(body)
+    assert parsed["jsonrpc"] == "2.0"
+    assert ("result" in parsed) != ("error" in parsed)
+    if "error" in parsed:
+        assert isinstance(parsed["error"]["code"], int)
+        assert "Traceback" not in parsed["error"]["message"]
