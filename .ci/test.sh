@@ -24,6 +24,13 @@ DEBUG=1 .venv/bin/python manage.py check --fail-level WARNING
 step "makemigrations --check"
 .venv/bin/python manage.py makemigrations --check --dry-run
 step "pytest (database: ${DATABASE_URL:-sqlite}, channel layer: ${REDIS_URL:-in-memory})"
-.venv/bin/python -m pytest -q -p no:randomly "$@"
+PYTEST_LOG="$(mktemp)"
+trap 'rm -f "$PYTEST_LOG"' EXIT
+.venv/bin/python -m pytest -q -p no:randomly "$@" 2>&1 | tee "$PYTEST_LOG"
 step "MCP conformance suite"
 bash .ci/conformance.sh
+
+# Repeat pytest's counts last, so the closing line speaks for the whole test-suite.
+count() { grep -Eo "[0-9]+ $1" "$PYTEST_LOG" | tail -1 | cut -d' ' -f1; }
+printf '\npytest: %s passed, %s failed, %s skipped\n' "$(count passed || echo 0)" "$(count failed || echo 0)" \
+    "$(count skipped || echo 0)"
