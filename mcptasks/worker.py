@@ -27,7 +27,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.db import InterfaceError, OperationalError, connection, transaction
-from django.db.models import F, Q
+from django.db.models import F, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from . import bus, conf, services
@@ -112,6 +112,11 @@ class WorkerBackend:
         return capability in (self._capabilities or {})
 
     async def load(self) -> None:
+        """The client's declared capabilities (fetched by the claim query when it could)."""
+        caps = getattr(self.task, "client_caps", None)
+        if isinstance(caps, dict):
+            self._capabilities = dict(caps)
+            return
         session = await self._session()
         self._capabilities = dict(session.client_capabilities) if session else {}
 
@@ -419,9 +424,11 @@ class Worker:
             capacity = self._tool_capacity(runnable, now, on_pg)
             full = [name for name, free in capacity.items() if free <= 0]
             qs = runnable.exclude(tool_name__in=full) if full else runnable
-            qs = qs.order_by("seq")
+            # The client's capabilities come along in the same query (tools may ask for them).
+            caps = McpSession.objects.filter(pk=OuterRef("session_id")).values("client_capabilities")[:1]
+            qs = qs.order_by("seq").annotate(client_caps=Subquery(caps))
             if on_pg:
-                qs = qs.select_for_update(skip_locked=True)
+                qs = qs.select_for_update(skip_locked=True, of=("self",))
             claimed: list[Task] = []
             for task in qs[: limit * 2]:
                 if len(claimed) >= limit:
@@ -430,14 +437,17 @@ class Worker:
                     if capacity[task.tool_name] <= 0:
                         continue
                     capacity[task.tool_name] -= 1
-                n = Task.objects.filter(pk=task.pk, attempt=task.attempt).update(
-                    attempt=task.attempt + 1, worker_id=self.worker_id, lease_expires_at=lease
+                claimed.append(task)
+            if claimed:
+                # The rows are locked (PostgreSQL) or the database is (SQLite's IMMEDIATE
+                # transaction), so one UPDATE stamps the whole batch.
+                Task.objects.filter(pk__in=[t.pk for t in claimed]).update(
+                    attempt=F("attempt") + 1, worker_id=self.worker_id, lease_expires_at=lease
                 )
-                if n:
+                for task in claimed:
                     task.attempt += 1
                     task.worker_id = self.worker_id
                     task.lease_expires_at = lease
-                    claimed.append(task)
         return claimed
 
     def _tool_capacity(self, runnable: Any, now: dt.datetime, on_pg: bool) -> dict[str, int]:
