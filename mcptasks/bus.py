@@ -19,8 +19,9 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.db import transaction
 
-from .models import StreamEvent
+from .models import StreamCursor, StreamEvent
 
 logger = logging.getLogger(__name__)
 
@@ -96,18 +97,33 @@ async def _alayer_send(group: str, message: dict[str, Any]) -> None:
         logger.warning("channel layer send to %s failed", group, exc_info=True)
 
 
+def _append(*, session_id: str, stream_id: str, data: str) -> StreamEvent:
+    """Store ``data`` as the next event of the stream, numbered under the stream's row lock."""
+    with transaction.atomic():
+        cursor, _ = StreamCursor.objects.select_for_update().get_or_create(
+            stream_id=stream_id, defaults={"session_id": session_id}
+        )
+        cursor.last_seq += 1
+        cursor.save(update_fields=["last_seq", "updated_at"])
+        return StreamEvent.objects.create(session_id=session_id, stream_id=stream_id, seq=cursor.last_seq, data=data)
+
+
 def publish(*, session_id: str, stream_id: str, message: dict[str, Any]) -> str:
     """Store ``message`` as the next event of ``stream_id`` and push it to its connection.
 
     Returns the SSE event id. Synchronous (database write); call from a thread in async code.
+    The push happens after commit, so a connection that sees a gap can always read it back.
     """
     data = json.dumps(message, separators=(",", ":"))
-    event = StreamEvent.objects.create(session_id=session_id, stream_id=stream_id, data=data)
-    _layer_send(
-        stream_group(stream_id),
-        {"type": "stream.event", "event_id": event.event_id, "seq": event.id, "data": data},
-    )
+    event = _append(session_id=session_id, stream_id=stream_id, data=data)
+    push = {"type": "stream.event", "event_id": event.event_id, "seq": event.seq, "data": data}
+    transaction.on_commit(lambda: _layer_send(stream_group(stream_id), push))
     return event.event_id
+
+
+def last_seq(stream_id: str) -> int:
+    """The sequence number of the newest event of a stream (0 when it has none)."""
+    return int(StreamCursor.objects.filter(pk=stream_id).values_list("last_seq", flat=True).first() or 0)
 
 
 def signal_task(task_id: str, event: str, **extra: Any) -> None:
@@ -137,4 +153,4 @@ def takeover(stream_id: str) -> None:
 
 def store_marker(*, session_id: str, stream_id: str, marker: dict[str, Any]) -> None:
     """Store a bookkeeping event on a stream (never sent to the client, read back on resume)."""
-    StreamEvent.objects.create(session_id=session_id, stream_id=stream_id, data=json.dumps(marker))
+    _append(session_id=session_id, stream_id=stream_id, data=json.dumps(marker))

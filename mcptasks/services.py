@@ -23,7 +23,16 @@ from tenants.auth import AuthContext
 from tenants.selectors import effective_limits
 
 from . import bus, conf
-from .models import AuditEvent, McpSession, StreamEvent, Task, TaskMessage, TaskStatus, WorkerHeartbeat
+from .models import (
+    AuditEvent,
+    McpSession,
+    StreamCursor,
+    StreamEvent,
+    Task,
+    TaskMessage,
+    TaskStatus,
+    WorkerHeartbeat,
+)
 from .protocol.errors import McpError, cannot_cancel_message
 from .protocol.messages import LOG_LEVELS, related_task_meta, sources_for
 from .registry import Tool
@@ -405,6 +414,15 @@ def cleanup_expired(*, batch_size: int | None = None, max_batches: int = 1000) -
     )
     if stale:
         counts["sessions"] = McpSession.objects.filter(pk__in=stale).delete()[1].get("mcptasks.McpSession", 0)
+    # Stream cursors live as long as their session, so sequence numbers never restart on a
+    # stream a client might still resume.
+    orphans = list(
+        StreamCursor.objects.exclude(session_id__in=McpSession.objects.values("pk")).values_list("pk", flat=True)[
+            :batch
+        ]
+    )
+    if orphans:
+        StreamCursor.objects.filter(pk__in=orphans).delete()
     # Heartbeat rows of workers that died without a clean exit (their tasks are reclaimed by
     # lease expiry; the row only tells operators). Kept for ten leases so they can be seen.
     dead_cutoff = now - dt.timedelta(seconds=max(60.0, 10 * settings.WORKER_LEASE_S))

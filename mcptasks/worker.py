@@ -423,10 +423,10 @@ class Worker:
                 runnable = runnable.exclude(task_id__in=list(self.running))
             capacity = self._tool_capacity(runnable, now, on_pg)
             full = [name for name, free in capacity.items() if free <= 0]
-            qs = runnable.exclude(tool_name__in=full) if full else runnable
+            base = runnable.exclude(tool_name__in=full) if full else runnable
             # The client's capabilities come along in the same query (tools may ask for them).
             caps = McpSession.objects.filter(pk=OuterRef("session_id")).values("client_capabilities")[:1]
-            qs = qs.order_by("seq").annotate(client_caps=Subquery(caps))
+            qs = base.order_by("seq").annotate(client_caps=Subquery(caps))
             if on_pg:
                 qs = qs.select_for_update(skip_locked=True, of=("self",))
             claimed: list[Task] = []
@@ -444,10 +444,10 @@ class Worker:
                 Task.objects.filter(pk__in=[t.pk for t in claimed]).update(
                     attempt=F("attempt") + 1, worker_id=self.worker_id, lease_expires_at=lease
                 )
-                for task in claimed:
-                    task.attempt += 1
-                    task.worker_id = self.worker_id
-                    task.lease_expires_at = lease
+                for stamped in claimed:
+                    stamped.attempt += 1
+                    stamped.worker_id = self.worker_id
+                    stamped.lease_expires_at = lease
         return claimed
 
     def _tool_capacity(self, runnable: Any, now: dt.datetime, on_pg: bool) -> dict[str, int]:

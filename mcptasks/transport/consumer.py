@@ -85,11 +85,10 @@ class McpConsumer(AsyncHttpConsumer):
         self.closed = False
         self.stream_id: str | None = None
         self.mode = ""  # request | task_result | get | resume
-        # Events of our stream already written (or skipped as before the client's position):
-        # ids <= floor, and those in ``delivered``. A set, not a maximum: publishers in
-        # different processes may commit ids slightly out of order.
-        self.floor = 0
-        self.delivered: set[int] = set()
+        # The next sequence number of our stream to write. Sequence numbers are gap-free per
+        # stream, so an event that arrives early reveals the ones still in flight, which are
+        # then read back from the store: nothing is skipped, nothing is sent twice.
+        self.next_seq = 1
         self.sent_rpc_ids: set[str] = set()
         self.task: Task | None = None
         self.session: McpSession | None = None
@@ -397,10 +396,14 @@ class McpConsumer(AsyncHttpConsumer):
     async def stream_event(self, message: dict[str, Any]) -> None:
         """A stored event of our stream arrived through the channel layer."""
         seq = int(message["seq"])
-        if seq <= self.floor or seq in self.delivered or self.closed:
+        if seq < self.next_seq or self.closed or self.stream_id is None:
             return
-        self.delivered.add(seq)
-        await self._emit(message["event_id"], message["data"])
+        if seq > self.next_seq:
+            # Published by another process and still in flight to us: take them from the store.
+            await self._replay(await self._stored_events(self.stream_id, self.next_seq - 1))
+        if seq == self.next_seq and not self.closed:
+            self.next_seq = seq + 1
+            await self._emit(message["event_id"], message["data"])
         if self.closed:
             raise StopConsumer()
 
@@ -531,14 +534,12 @@ class McpConsumer(AsyncHttpConsumer):
         )
         # A fresh GET starts at the stream's current end. Read it before joining, then replay
         # whatever was stored in between: nothing published meanwhile is lost.
-        last = await database_sync_to_async(
-            lambda: StreamEvent.objects.filter(stream_id=stream_id).order_by("-id").values_list("id", flat=True).first()
-        )()
-        self.floor = int(last or 0)
+        floor = await database_sync_to_async(bus.last_seq)(stream_id)
+        self.next_seq = floor + 1
         await self._join(bus.stream_group(stream_id))
         await self._join(bus.session_group(session.pk))
-        await self._start_sse(priming_id=bus.priming_id(stream_id, self.floor))
-        await self._replay(await self._stored_events(stream_id, self.floor))
+        await self._start_sse(priming_id=bus.priming_id(stream_id, floor))
+        await self._replay(await self._stored_events(stream_id, floor))
 
     async def _resume(self, session: McpSession, last_event_id: str) -> None:
         parsed = bus.parse_event_id(last_event_id)
@@ -562,7 +563,7 @@ class McpConsumer(AsyncHttpConsumer):
         await self._join(bus.stream_group(stream_id))
         await self._join(bus.session_group(session.pk))
         await self._start_sse(priming_id=bus.priming_id(stream_id, seq))
-        self.floor = seq
+        self.next_seq = seq + 1
         events = await self._stored_events(stream_id, 0 if stream_id.startswith("r") else seq)
         marker: dict[str, Any] | None = None
         for ev in events:
@@ -573,22 +574,23 @@ class McpConsumer(AsyncHttpConsumer):
                 marker = payload["_bind"]
             elif "method" in payload and "id" in payload:
                 self.sent_rpc_ids.add(str(payload["id"]))
-        await self._replay([ev for ev in events if ev.id > seq])
+        await self._replay([ev for ev in events if ev.seq > seq])
         if not self.closed and marker is not None:
             await self._resume_task_result(session, marker)
 
     async def _stored_events(self, stream_id: str, after: int) -> list[StreamEvent]:
         return await database_sync_to_async(  # type: ignore[no-any-return]
-            lambda: list(StreamEvent.objects.filter(stream_id=stream_id, id__gt=after).order_by("id"))
+            lambda: list(StreamEvent.objects.filter(stream_id=stream_id, seq__gt=after).order_by("seq"))
         )()
 
     async def _replay(self, events: list[StreamEvent]) -> None:
+        """Write stored events in order, from our position on (earlier ones were sent)."""
         for ev in events:
             if self.closed:
                 break
-            if ev.id in self.delivered:
+            if ev.seq < self.next_seq:
                 continue
-            self.delivered.add(ev.id)
+            self.next_seq = ev.seq + 1
             await self._emit(ev.event_id, ev.data)
 
     async def _resume_task_result(self, session: McpSession, marker: dict[str, Any]) -> None:

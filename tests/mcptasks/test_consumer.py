@@ -178,3 +178,38 @@ def test_arbitrary_json_never_gets_a_500_or_a_non_json_error(message: Any) -> No
     if "error" in parsed:
         assert isinstance(parsed["error"]["code"], int)
         assert "Traceback" not in parsed["error"]["message"]
+
+
+async def test_an_event_arriving_early_pulls_the_one_still_in_flight_from_the_store() -> None:
+    """Sequence numbers are gap-free per stream: seeing n+2 first, the consumer sends n+1, n+2."""
+    from channels.layers import get_channel_layer
+
+    from mcptasks import bus
+
+    headers = await initialize()
+    sid = dict(headers)[b"mcp-session-id"].decode()
+    get_headers = [(k, v) for k, v in headers if k != b"content-type"]
+    get_headers = [(k, b"text/event-stream" if k == b"accept" else v) for k, v in get_headers]
+    comm = HttpCommunicator(router, "GET", "/mcp", headers=get_headers)
+    await comm.send_input({"type": "http.request", "body": b"", "more_body": False})
+    start = await comm.receive_output(5)
+    assert start["type"] == "http.response.start" and start["status"] == 200
+    priming = (await comm.receive_output(5))["body"].decode()
+    assert priming.startswith("id: ") and "data: " in priming
+    stream_id = bus.get_stream_id(sid)
+    # Two publishers; the first one's push is "still in flight" (never sent here at all).
+    append = sync_to_async(bus._append)
+    first = await append(session_id=sid, stream_id=stream_id, data='{"jsonrpc":"2.0","method":"a"}')
+    second = await append(session_id=sid, stream_id=stream_id, data='{"jsonrpc":"2.0","method":"b"}')
+    assert second.seq == first.seq + 1
+    await get_channel_layer().group_send(
+        bus.stream_group(stream_id),
+        {"type": "stream.event", "event_id": second.event_id, "seq": second.seq, "data": second.data},
+    )
+    text = ""
+    while '"method":"b"' not in text:
+        text += (await comm.receive_output(5))["body"].decode()
+    assert text.index(f"id: {first.event_id}") < text.index(f"id: {second.event_id}")
+    assert text.count('"method":"a"') == 1 and text.count('"method":"b"') == 1
+    await comm.send_input({"type": "http.disconnect"})
+    await sync_to_async(lambda: connection.close())()  # asgiref's sync thread used one
