@@ -210,18 +210,31 @@ async def tools_call(ctx: RequestContext, params: CallToolParams) -> dict[str, A
 # --- tasks -----------------------------------------------------------------------------------
 
 
+async def _lookup(ctx: RequestContext, task_id: str, method: str) -> Task:
+    """The caller's task; failed lookups are audited (the spec asks receivers to watch for them)."""
+    try:
+        return await sync_to_async(selectors.get_task)(auth=ctx.auth, task_id=task_id)
+    except McpError as exc:
+        await sync_to_async(services.record_audit)(
+            auth=ctx.auth, action="task.lookup_failed",
+            data={"method": method, "taskId": task_id[:100], "error": exc.message},
+        )
+        raise
+
+
 @dispatcher.register("tasks/get", TaskIdParams)
 async def tasks_get(ctx: RequestContext, params: TaskIdParams) -> dict[str, Any]:
     """The task's current state."""
-    task = await sync_to_async(selectors.get_task)(auth=ctx.auth, task_id=params.taskId)
+    task = await _lookup(ctx, params.taskId, "tasks/get")
     return task.wire()
 
 
 @dispatcher.register("tasks/result", TaskIdParams)
 async def tasks_result(ctx: RequestContext, params: TaskIdParams) -> dict[str, Any] | StreamReply:
     """The outcome of a terminal task now; otherwise stream until it is terminal."""
-    task = await sync_to_async(selectors.get_task)(auth=ctx.auth, task_id=params.taskId)
+    task = await _lookup(ctx, params.taskId, "tasks/result")
     if task.is_terminal:
+        await sync_to_async(services.record_task_retrieval)(auth=ctx.auth, task=task)
         result, error = services.task_result_payload(task=task)
         if error is not None:
             raise McpError.from_error(error)
@@ -248,6 +261,7 @@ async def tasks_list(ctx: RequestContext, params: PaginatedParams) -> dict[str, 
 @dispatcher.register("tasks/cancel", TaskIdParams)
 async def tasks_cancel(ctx: RequestContext, params: TaskIdParams) -> dict[str, Any]:
     """Cancel a non-terminal task."""
+    await _lookup(ctx, params.taskId, "tasks/cancel")
     task = await sync_to_async(services.cancel_task)(auth=ctx.auth, task_id=params.taskId)
     return task.wire()
 

@@ -483,6 +483,11 @@ def worker_heartbeat(*, worker_id: str, hostname: str, pid: int, concurrency: in
 # --- audit ----------------------------------------------------------------------------------
 
 
+def record_task_retrieval(*, auth: AuthContext, task: Task) -> None:
+    """Audit that the caller fetched a task's outcome (``tasks/result``)."""
+    record_audit(auth=auth, action="task.result", task_id=task.task_id, data={"status": task.status})
+
+
 def record_audit(*, auth: AuthContext, action: str, task_id: str = "", data: dict[str, Any] | None = None) -> None:
     """Append an audit event for the caller."""
     record_audit_ids(

@@ -97,6 +97,7 @@ class McpConsumer(AsyncHttpConsumer):
         self.background: list[asyncio.Task[Any]] = []
         self.cors_headers: list[tuple[bytes, bytes]] = []
         self.takeover_token = secrets.token_hex(8)
+        self.result_published = False
         self.result_request_id: str | int | None = None
 
     # --- ASGI plumbing ------------------------------------------------------------------------
@@ -499,6 +500,11 @@ class McpConsumer(AsyncHttpConsumer):
                     task=task, message=m, stream_id=self.stream_id
                 )
             return
+        if self.result_published:
+            return  # a signal and a re-check can both see the terminal state
+        self.result_published = True
+        if self.auth is not None:
+            await database_sync_to_async(services.record_task_retrieval)(auth=self.auth, task=task)
         result, error = services.task_result_payload(task=task)
         rid = self.result_request_id
         assert rid is not None
