@@ -201,7 +201,7 @@ OAUTH2_PROVIDER = {
     if env.str("MCPTASKS_PUBLIC_URL", default="")
     else "",
 }
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/accounts/login/"
 
 # --- tenants app (Tenants and OAuth; typed defaults in tenants/conf.py) ---
 TENANTS = {
