@@ -87,16 +87,6 @@ def _layer_send(group: str, message: dict[str, Any]) -> None:
         logger.warning("channel layer send to %s failed", group, exc_info=True)
 
 
-async def _alayer_send(group: str, message: dict[str, Any]) -> None:
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    try:
-        await layer.group_send(group, message)
-    except Exception:
-        logger.warning("channel layer send to %s failed", group, exc_info=True)
-
-
 def _append(*, session_id: str, stream_id: str, data: str) -> StreamEvent:
     """Store ``data`` as the next event of the stream, numbered under the stream's row lock."""
     with transaction.atomic():
@@ -131,11 +121,6 @@ def signal_task(task_id: str, event: str, **extra: Any) -> None:
     _layer_send(task_group(task_id), {"type": "task.signal", "task_id": task_id, "event": event, **extra})
 
 
-async def asignal_task(task_id: str, event: str, **extra: Any) -> None:
-    """Async :func:`signal_task`."""
-    await _alayer_send(task_group(task_id), {"type": "task.signal", "task_id": task_id, "event": event, **extra})
-
-
 def wake_workers() -> None:
     """Tell idle workers that a task is waiting to be claimed."""
     _layer_send(WORKERS_GROUP, {"type": "worker.wake"})
@@ -144,11 +129,6 @@ def wake_workers() -> None:
 def signal_session(session_id: str, event: str) -> None:
     """Tell every stream of a session something (``ended``)."""
     _layer_send(session_group(session_id), {"type": "session.signal", "event": event})
-
-
-def takeover(stream_id: str) -> None:
-    """Ask the connection currently serving ``stream_id`` to close: a newer one replaces it."""
-    _layer_send(stream_group(stream_id), {"type": "stream.takeover", "token": ""})
 
 
 def store_marker(*, session_id: str, stream_id: str, marker: dict[str, Any]) -> None:

@@ -76,3 +76,12 @@ def app(
     if maybe_secret:
         lines.append(f"client_secret={maybe_secret}")
     return lines
+
+
+def recount(*, slug: str | None = None) -> list[str]:
+    """Repair the active-task counters of one tenant (or all) from the task table."""
+    from .quotas import recount_active_tasks
+
+    tenant_id = _tenant(slug).pk if slug else None
+    fixed = recount_active_tasks(tenant_id=tenant_id)
+    return [f"recounted: {fixed} counter(s) corrected"]

@@ -57,3 +57,30 @@ def test_list_and_app(tenant: Any) -> None:
     assert lines[0].startswith("client_id=") and lines[1].startswith("client_secret=")
     lines = _run("app", "acme", "--grant", "authorization-code", "--redirect-uri", "http://127.0.0.1:9/cb")
     assert lines[0].startswith("client_id=") and len(lines) == 2
+
+
+@pytest.mark.django_db
+def test_recount_repairs_counters_from_the_task_table() -> None:
+    """After a crash or a manual edit the counters can drift; recount puts them right."""
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.utils import timezone
+
+    from mcptasks.models import Task
+    from tenants.models import Principal, Tenant
+    from tenants.services import get_or_create_principal, get_or_create_tenant
+
+    tenant = get_or_create_tenant(slug="drift")
+    alice = get_or_create_principal(tenant=tenant, kind="client", identifier="alice")
+    now = timezone.now()
+    for status in ("working", "input_required", "completed"):
+        Task.objects.create(tenant=tenant, principal=alice, session_id="s", tool_name="t", status=status,
+                            created_at=now, last_updated_at=now)
+    Tenant.objects.filter(pk=tenant.pk).update(active_tasks=9)
+    Principal.objects.filter(pk=alice.pk).update(active_tasks=0)
+    out = StringIO()
+    call_command("mcptasks_tenant", "recount", "drift", stdout=out)
+    assert "2 counter(s) corrected" in out.getvalue()
+    assert Tenant.objects.get(pk=tenant.pk).active_tasks == 2
+    assert Principal.objects.get(pk=alice.pk).active_tasks == 2

@@ -10,7 +10,7 @@ from tenants import cli
 
 
 class Command(BaseCommand):
-    help = "Manage tenants: create SLUG | token SLUG | list | app SLUG."
+    help = "Manage tenants: create SLUG | token SLUG | list | app SLUG | recount [SLUG]."
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True)
@@ -33,6 +33,8 @@ class Command(BaseCommand):
             "--grant", choices=["client-credentials", "authorization-code"], default="client-credentials"
         )
         p.add_argument("--redirect-uri", action="append", dest="redirect_uris", default=None)
+        p = sub.add_parser("recount", help="repair the concurrency counters from the task table")
+        p.add_argument("slug", nargs="?", default=None)
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
@@ -49,6 +51,8 @@ class Command(BaseCommand):
                 )
             elif action == "list":
                 lines = cli.list_tenants()
+            elif action == "recount":
+                lines = cli.recount(slug=options["slug"])
             else:
                 lines = cli.app(
                     slug=options["slug"],
