@@ -22,22 +22,24 @@ async def _arecord(key: str, attempt: int, event: str) -> None:
     await asyncio.to_thread(_record, key, attempt, event)
 
 
-@tool(task_support="optional", retryable=True, description="Records start/end in the database; sleeps ms.")
-async def test_counted_retryable(key: str, ms: int = 1000, ctx: ToolContext | None = None) -> str:
-    assert ctx is not None
+async def _counted_run(key: str, ms: int, ctx: ToolContext) -> str:
+    """Record the start, sleep ``ms``, record the end: the database sees every attempt."""
     await _arecord(key, ctx.attempt, "start")
     await asyncio.sleep(ms / 1000)
     await _arecord(key, ctx.attempt, "end")
     return f"done {key} attempt {ctx.attempt}"
+
+
+@tool(task_support="optional", retryable=True, description="Records start/end in the database; sleeps ms.")
+async def test_counted_retryable(key: str, ms: int = 1000, ctx: ToolContext | None = None) -> str:
+    assert ctx is not None
+    return await _counted_run(key, ms, ctx)
 
 
 @tool(task_support="optional", retryable=False, description="Records start/end in the database; sleeps ms.")
 async def test_counted_once(key: str, ms: int = 1000, ctx: ToolContext | None = None) -> str:
     assert ctx is not None
-    await _arecord(key, ctx.attempt, "start")
-    await asyncio.sleep(ms / 1000)
-    await _arecord(key, ctx.attempt, "end")
-    return f"done {key} attempt {ctx.attempt}"
+    return await _counted_run(key, ms, ctx)
 
 
 @tool(task_support="optional", timeout_s=0.5, description="Sleeps past its 0.5 s timeout.")

@@ -37,17 +37,6 @@ INIT = {
 HEADERS = {"Accept": ACCEPT_BOTH, "Content-Type": "application/json"}
 
 
-@pytest.fixture(scope="module")
-def auth_server(stack: Stack) -> Iterator[Proc]:
-    """A daphne that admits only bearer tokens (plus a separate worker on PostgreSQL + Redis)."""
-    procs = [stack.daphne(extra_env={"MCPTASKS_ALLOW_ANONYMOUS": "0"})]
-    if stack.multi_process:
-        procs.append(stack.worker(concurrency=4))
-    yield procs[0]
-    for p in procs:
-        p.terminate(timeout=10)
-
-
 def _post(server: Proc, token: str | None = None, *, url: str | None = None) -> httpx.Response:
     headers = dict(HEADERS)
     if token is not None:

@@ -9,7 +9,6 @@ covered at the end.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -19,17 +18,6 @@ from tests.support.client import McpClient
 from tests.support.servers import Proc, Stack
 
 NOT_FOUND = "Failed to retrieve task: Task not found"
-
-
-@pytest.fixture(scope="module")
-def auth_server(stack: Stack) -> Iterator[Proc]:
-    """A daphne that admits only bearer tokens (plus a separate worker on PostgreSQL + Redis)."""
-    procs = [stack.daphne(extra_env={"MCPTASKS_ALLOW_ANONYMOUS": "0"})]
-    if stack.multi_process:
-        procs.append(stack.worker(concurrency=4))
-    yield procs[0]
-    for p in procs:
-        p.terminate(timeout=10)
 
 
 def mint_tokens(stack: Stack, specs: list[tuple[str, str, str]]) -> list[str]:

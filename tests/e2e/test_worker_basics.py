@@ -13,19 +13,15 @@ from typing import Any
 
 from tests.support.client import McpClient
 from tests.support.servers import FAST_SETTINGS
+from tests.support.waiting import wait_for as shared_wait_for
 
 TERMINAL = {"completed", "failed", "cancelled"}
 HEARTBEAT_S = float(FAST_SETTINGS["MCPTASKS_WORKER_HEARTBEAT_S"])
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 15.0, every: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")
+    """The shared poller with this module's shorter default deadline."""
+    return shared_wait_for(what, check, timeout=timeout, every=every)
 
 
 def get(client: McpClient, task_id: str) -> dict[str, Any]:

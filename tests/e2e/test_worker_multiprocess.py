@@ -13,7 +13,7 @@ import datetime as dt
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,6 +21,7 @@ import pytest
 from tests.conftest import require_multiprocess
 from tests.support.client import McpClient
 from tests.support.servers import FAST_SETTINGS, Proc, Stack
+from tests.support.waiting import wait_for
 
 HEARTBEAT_S = float(FAST_SETTINGS["MCPTASKS_WORKER_HEARTBEAT_S"])
 LEASE_S = float(FAST_SETTINGS["MCPTASKS_WORKER_LEASE_S"])
@@ -68,17 +69,6 @@ def sql(stack: Stack, query: str, params: tuple[Any, ...] = ()) -> list[tuple[An
     with psycopg.connect(stack.env["DATABASE_URL"], autocommit=True) as conn:
         cur = conn.execute(query, params)
         return list(cur.fetchall()) if cur.description else []
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 20.0, every: float = 0.05) -> Any:
-    """Poll ``check`` until it returns something truthy; fail with ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def records(stack: Stack, key: str) -> list[tuple[int, str, dt.datetime]]:
