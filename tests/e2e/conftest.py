@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.e2e.live_support import Pair, start_pair
 from tests.support.servers import Proc, Stack
 
 
@@ -18,3 +19,10 @@ def auth_server(stack: Stack) -> Iterator[Proc]:
     yield procs[0]
     for p in procs:
         p.terminate(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def pair(stack: Stack, request: pytest.FixtureRequest) -> Iterator[Pair]:
+    """Two daphne processes and two workers (one daphne on SQLite); a module may set ``PAIR_ENV``."""
+    with start_pair(stack, extra_env=getattr(request.module, "PAIR_ENV", None)) as p:
+        yield p

@@ -13,17 +13,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import require_multiprocess
-from tests.e2e.live_support import RELATED, Pair, start_pair, status_notes, twin, wait_status
+from tests.e2e.live_support import RELATED, Pair, status_notes, twin, wait_status
 from tests.support.client import McpClient, SseEvent
-from tests.support.servers import Stack
 
 CAPABILITY_MISSING = -32012
-
-
-@pytest.fixture(scope="module")
-def pair(stack: Stack) -> Iterator[Pair]:
-    with start_pair(stack) as p:
-        yield p
 
 
 @pytest.fixture

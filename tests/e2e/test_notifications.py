@@ -20,7 +20,6 @@ from tests.e2e.live_support import (
     Listener,
     Pair,
     is_terminal_note,
-    start_pair,
     status_notes,
     twin,
     wait_status,
@@ -29,12 +28,6 @@ from tests.support.client import McpClient
 from tests.support.servers import Stack
 
 STEPS = [("working", f"step {i} of 3") for i in (1, 2, 3)]
-
-
-@pytest.fixture(scope="module")
-def pair(stack: Stack) -> Iterator[Pair]:
-    with start_pair(stack) as p:
-        yield p
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import require_multiprocess
-from tests.e2e.live_support import Pair, is_terminal_note, start_pair, status_notes, twin
+from tests.e2e.live_support import Pair, is_terminal_note, status_notes, twin
 from tests.support.client import McpClient, SseEvent
 from tests.support.servers import Stack
 
@@ -21,10 +21,7 @@ MAX_STREAM_S = 2.0
 ENV = {"MCPTASKS_SSE_MAX_STREAM_S": str(MAX_STREAM_S), "MCPTASKS_SSE_KEEPALIVE_S": "0.25"}
 
 
-@pytest.fixture(scope="module")
-def pair(stack: Stack) -> Iterator[Pair]:
-    with start_pair(stack, extra_env=ENV) as p:
-        yield p
+PAIR_ENV = ENV  # read by the shared ``pair`` fixture
 
 
 @pytest.fixture
