@@ -3,7 +3,7 @@
 Every test talks to a real daphne process (plus a worker process on PostgreSQL + Redis, the
 embedded worker on SQLite). Each test is named after the rule it proves; the rule is quoted
 above it. Everything the server sends is validated against the official JSON schema by the
-test client. Section names refer to /work/shared/spec/tasks-2025-11-25.md.
+test client. Section names refer to the 2025-11-25 Tasks specification (basic/utilities/tasks).
 """
 
 from __future__ import annotations

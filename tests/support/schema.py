@@ -9,7 +9,9 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-SPEC_DIR = Path(__file__).resolve().parents[3] / "shared" / "spec"
+# The project carries its own copy of the published schemas (see spec/README.md): nothing
+# outside the repository is read at test time.
+SPEC_DIR = Path(__file__).resolve().parent / "spec"
 SCHEMA_PATH = SPEC_DIR / "schema-2025-11-25.json"
 
 RESULT_DEFS = {
