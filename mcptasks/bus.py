@@ -11,6 +11,7 @@ Two kinds of traffic:
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -21,6 +22,9 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
+from tenants import conf as kv_conf
+
+from . import conf, layers
 from .models import StreamCursor, StreamEvent
 
 logger = logging.getLogger(__name__)
@@ -76,14 +80,38 @@ def priming_id(stream_id: str, seq: int) -> str:
     return f"{stream_id}.{seq}-{secrets.token_hex(4)}"
 
 
-def _layer_send(group: str, message: dict[str, Any]) -> None:
+async def group_send(group: str, message: dict[str, Any]) -> bool:
+    """Send to a group within ``LAYER_SEND_TIMEOUT_S``; False (and logged) if it could not.
+
+    A lost wake-up is recovered by the receivers' periodic re-reads of the database, so a slow
+    or absent Redis never holds up the request or the write that sends it. After a failure,
+    sends are skipped for ``REDIS_BREAKER_S`` and every stream of the process falls back to
+    reading the database (see :mod:`mcptasks.layers`).
+    """
     layer = get_channel_layer()
     if layer is None:
+        return False
+    if not layers.send_breaker.allow():
+        return False
+    s = conf.get()
+    try:
+        await asyncio.wait_for(layer.group_send(group, message), timeout=s.LAYER_SEND_TIMEOUT_S)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        layers.report_failure(exc, open_s=kv_conf.get().REDIS_BREAKER_S)
+        return False
+    layers.send_breaker.succeeded()
+    return True
+
+
+def _layer_send(group: str, message: dict[str, Any]) -> None:
+    if get_channel_layer() is None:
         return
     try:
-        async_to_sync(layer.group_send)(group, message)
+        async_to_sync(group_send)(group, message)
     except Exception:
-        # A lost wake-up is recovered by the periodic re-checks; never fail the write for it.
+        # Never fail the write for a lost wake-up (see group_send).
         logger.warning("channel layer send to %s failed", group, exc_info=True)
 
 

@@ -52,6 +52,16 @@ def check_app_settings(app_configs: Any, **kwargs: Any) -> list[Any]:
                  "CLEANUP_BATCH_SIZE", "WORKER_CONCURRENCY", "TASK_MAX_ATTEMPTS"):
         if getattr(s, name) < 1:
             problems.append(Error(f"MCPTASKS_{name} must be at least 1.", id="mcptasks.E003"))
+    if s.REDIS_SOCKET_TIMEOUT_S <= 5:
+        problems.append(
+            Error(
+                "MCPTASKS_REDIS_SOCKET_TIMEOUT_S must exceed 5 s, the channel layer's blocking read.",
+                hint="With a shorter socket timeout every stream quiet for 5 s fails its receive.",
+                id="mcptasks.E004",
+            )
+        )
+    if s.REDIS_LAYER_POOL_SIZE < 2:
+        problems.append(Error("MCPTASKS_REDIS_LAYER_POOL_SIZE must be at least 2.", id="mcptasks.E005"))
     engine = str(settings.DATABASES["default"]["ENGINE"])
     layer = str(settings.CHANNEL_LAYERS["default"]["BACKEND"])
     if engine.endswith("postgresql") and layer.endswith("InMemoryChannelLayer"):

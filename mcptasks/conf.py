@@ -37,6 +37,22 @@ class AppSettings:
     WORKER_POLL_S: float = 2.0
     WORKER_SHUTDOWN_GRACE_S: float = 20.0
     TASK_MAX_ATTEMPTS: int = 3
+    #: Channel layer (Redis): socket read timeout. Must exceed the layer's 5 s blocking read.
+    REDIS_SOCKET_TIMEOUT_S: float = 10.0
+    #: Channel layer (Redis): connect timeout.
+    REDIS_CONNECT_TIMEOUT_S: float = 2.0
+    #: Channel layer (Redis): idle connections are pinged before use after this many seconds.
+    REDIS_HEALTH_CHECK_S: float = 15.0
+    #: Channel layer (Redis): connections per event loop (a blocking pool: callers wait).
+    REDIS_LAYER_POOL_SIZE: int = 50
+    #: Channel layer (Redis): longest wait for a free pooled connection.
+    REDIS_LAYER_POOL_TIMEOUT_S: float = 5.0
+    #: Longest wait for a wake-up or stream push through the layer; past it the send is
+    #: dropped (receivers re-read the database) and sends pause for ``REDIS_BREAKER_S``.
+    LAYER_SEND_TIMEOUT_S: float = 0.5
+    #: After a layer failure, streams re-read the database and try to rejoin their groups
+    #: this often until Redis answers again.
+    LAYER_FALLBACK_POLL_S: float = 1.0
     ALLOW_ANONYMOUS: bool = False
     DEFAULT_TENANT: str = "default"
 

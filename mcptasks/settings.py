@@ -103,29 +103,42 @@ elif _db["ENGINE"].startswith("django.db.backends.postgresql"):
 
 REDIS_URL = env.str("REDIS_URL", default="")
 CHANNEL_PREFIX = env.str("MCPTASKS_CHANNEL_PREFIX", default="mcptasks")
+_REDIS_SOCKET_TIMEOUT_S = env.float("MCPTASKS_REDIS_SOCKET_TIMEOUT_S", default=10.0)
+_REDIS_CONNECT_TIMEOUT_S = env.float("MCPTASKS_REDIS_CONNECT_TIMEOUT_S", default=2.0)
+_REDIS_HEALTH_CHECK_S = env.float("MCPTASKS_REDIS_HEALTH_CHECK_S", default=15.0)
+_REDIS_LAYER_POOL_SIZE = env.int("MCPTASKS_REDIS_LAYER_POOL_SIZE", default=50)
+_REDIS_LAYER_POOL_TIMEOUT_S = env.float("MCPTASKS_REDIS_LAYER_POOL_TIMEOUT_S", default=5.0)
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # channels-redis with a bounded, blocking pool (see mcptasks/layers.py).
+            "BACKEND": "mcptasks.layers.RedisChannelLayer",
             "CONFIG": {
-                "hosts": [REDIS_URL],
+                "hosts": [
+                    {
+                        "address": REDIS_URL,
+                        # Above the layer's 5 s blocking read, or every quiet stream fails.
+                        "socket_timeout": _REDIS_SOCKET_TIMEOUT_S,
+                        "socket_connect_timeout": _REDIS_CONNECT_TIMEOUT_S,
+                        "socket_keepalive": True,
+                        "health_check_interval": _REDIS_HEALTH_CHECK_S,
+                    }
+                ],
                 "prefix": f"{CHANNEL_PREFIX}:layer:",
                 "capacity": 1000,
                 "expiry": 60,
                 "group_expiry": 86400,
+                "pool_size": _REDIS_LAYER_POOL_SIZE,
+                "pool_timeout": _REDIS_LAYER_POOL_TIMEOUT_S,
             },
-        }
-    }
-    CACHES = {
-        "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": REDIS_URL,
-            "KEY_PREFIX": f"{CHANNEL_PREFIX}:cache",
         }
     }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "mcptasks"}}
+# Django's cache holds only per-process things (JWKS documents). Shared counters (rate limits,
+# poll notes) use the process-wide Redis client of tenants.kv: Django's Redis cache client is
+# rebuilt per async context and keeps its connections open, one leaked connection per request.
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "mcptasks"}}
 
 AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = []
 LANGUAGE_CODE = "en-us"
@@ -171,6 +184,13 @@ MCPTASKS = {
     "WORKER_POLL_S": env.float("MCPTASKS_WORKER_POLL_S", default=2.0),
     "WORKER_SHUTDOWN_GRACE_S": env.float("MCPTASKS_WORKER_SHUTDOWN_GRACE_S", default=20.0),
     "TASK_MAX_ATTEMPTS": env.int("MCPTASKS_TASK_MAX_ATTEMPTS", default=3),
+    "REDIS_SOCKET_TIMEOUT_S": _REDIS_SOCKET_TIMEOUT_S,
+    "REDIS_CONNECT_TIMEOUT_S": _REDIS_CONNECT_TIMEOUT_S,
+    "REDIS_HEALTH_CHECK_S": _REDIS_HEALTH_CHECK_S,
+    "REDIS_LAYER_POOL_SIZE": _REDIS_LAYER_POOL_SIZE,
+    "REDIS_LAYER_POOL_TIMEOUT_S": _REDIS_LAYER_POOL_TIMEOUT_S,
+    "LAYER_SEND_TIMEOUT_S": env.float("MCPTASKS_LAYER_SEND_TIMEOUT_S", default=0.5),
+    "LAYER_FALLBACK_POLL_S": env.float("MCPTASKS_LAYER_FALLBACK_POLL_S", default=1.0),
     "ALLOW_ANONYMOUS": env.bool("MCPTASKS_ALLOW_ANONYMOUS", default=False),
     "DEFAULT_TENANT": env.str("MCPTASKS_DEFAULT_TENANT", default="default"),
 }
@@ -217,6 +237,9 @@ TENANTS = {
     "JWKS_ALLOW_HTTP": env.bool("MCPTASKS_JWKS_ALLOW_HTTP", default=False),
     # Tenant limits are re-read from the database at least this often (admin edits apply live).
     "LIMITS_CACHE_S": env.float("MCPTASKS_TENANT_LIMITS_CACHE_S", default=2.0),
+    "REDIS_OP_TIMEOUT_S": env.float("MCPTASKS_REDIS_OP_TIMEOUT_S", default=0.25),
+    "REDIS_POOL_SIZE": env.int("MCPTASKS_REDIS_POOL_SIZE", default=20),
+    "REDIS_BREAKER_S": env.float("MCPTASKS_REDIS_BREAKER_S", default=2.0),
 }
 # Named explicitly so migrations that point at DOT's (swappable) application model resolve.
 OAUTH2_PROVIDER_APPLICATION_MODEL = "oauth2_provider.Application"

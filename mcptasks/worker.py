@@ -30,7 +30,9 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import F, OuterRef, Q, Subquery
 from django.utils import timezone
 
-from . import bus, conf, services
+from tenants import conf as tenants_conf
+
+from . import bus, conf, layers, services
 from .context import ToolCancelled, ToolContext
 from .models import McpSession, Task, TaskMessage, TaskStatus, WorkerHeartbeat
 from .protocol.errors import CAPABILITY_MISSING, INTERNAL_ERROR, McpError
@@ -42,6 +44,8 @@ logger = logging.getLogger(__name__)
 #: The statusMessage of a non-retryable task whose worker died (documented; tests rely on it).
 WORKER_LOST = "worker lost during execution"
 LIVE = (TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED)
+#: Re-add the worker to its channel-layer groups this often (the layer expires memberships).
+GROUP_REFRESH_S = 3600.0
 
 
 def _reconnecting(fn: Any) -> Any:
@@ -229,6 +233,9 @@ class Worker:
         self._last_cleanup = 0.0
         self._last_reap = 0.0
         self._bg: set[asyncio.Future[Any]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._rejoining: asyncio.Future[Any] | None = None
+        self._joined_at = 0.0
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -304,20 +311,79 @@ class Worker:
             bus.wake_workers()
         return n
 
+    async def _join_groups(self) -> bool:
+        """(Re)join the wake-up group and the groups of our running tasks; False if Redis fails.
+
+        Needed after any layer failure: a Redis that restarted empty has forgotten every
+        membership, and without the wake-up group claims would wait for the poll backstop.
+        """
+        layer = self._layer
+        if layer is None or self.channel is None:
+            return True
+        timeout = max(1.0, conf.get().LAYER_SEND_TIMEOUT_S)
+        try:
+            for group in [bus.WORKERS_GROUP, *(bus.task_group(t) for t in list(self.running))]:
+                await asyncio.wait_for(layer.group_add(group, self.channel), timeout=timeout)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.debug("worker could not join its groups: %s", type(exc).__name__)
+            return False
+        self._joined_at = asyncio.get_running_loop().time()
+        return True
+
+    def layer_failed(self) -> None:
+        """The channel layer failed in this process (any thread): rejoin once Redis answers."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._start_rejoin)
+
+    def _start_rejoin(self) -> None:
+        if self._rejoining is None or self._rejoining.done():
+            self._rejoining = asyncio.ensure_future(self._rejoin_loop())
+
+    async def _rejoin_loop(self) -> None:
+        poll = conf.get().LAYER_FALLBACK_POLL_S
+        while True:
+            await asyncio.sleep(poll)
+            if await self._join_groups():
+                logger.info("worker %s rejoined its channel-layer groups", self.worker_id)
+                layers.send_breaker.succeeded()
+                self.wake.set()  # claim whatever a lost wake-up announced
+                return
+
     async def _listen(self) -> None:
         layer = self._layer
         if layer is None:
             return
+        self._loop = asyncio.get_running_loop()
         self.channel = await layer.new_channel()
-        await layer.group_add(bus.WORKERS_GROUP, self.channel)
+        layers.add_listener(self)
+        if not await self._join_groups():
+            self.layer_failed()
+        try:
+            await self._receive_loop(layer)
+        finally:
+            layers.remove_listener(self)
+            if self._rejoining is not None:
+                self._rejoining.cancel()
+
+    async def _receive_loop(self, layer: Any) -> None:
+        loop = asyncio.get_running_loop()
         while True:
+            if loop.time() - self._joined_at > GROUP_REFRESH_S:
+                # Memberships expire after the layer's group_expiry: refresh them well before.
+                await self._join_groups()
             try:
                 msg = await layer.receive(self.channel)
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                logger.warning("worker channel receive failed", exc_info=True)
-                await asyncio.sleep(1)
+            except Exception as exc:
+                logger.warning("worker channel receive failed (%s); rejoining when Redis answers",
+                               type(exc).__name__)
+                layers.report_failure(exc, open_s=tenants_conf.get().REDIS_BREAKER_S)
+                self.layer_failed()
+                await asyncio.sleep(conf.get().LAYER_FALLBACK_POLL_S)
                 continue
             kind = msg.get("type")
             if kind == "worker.wake":

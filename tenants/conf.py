@@ -25,6 +25,13 @@ class TenantSettings:
     JWKS_HTTP_TIMEOUT_S: float = 5.0
     JWKS_ALLOW_HTTP: bool = False
     LIMITS_CACHE_S: float = 2.0
+    #: Budget of one Redis operation of the rate limiter (connect, wait for a pooled
+    #: connection, read); past it the request goes on with the in-process fallback.
+    REDIS_OP_TIMEOUT_S: float = 0.25
+    #: Connections of the process-wide Redis client (rate limits, poll notes).
+    REDIS_POOL_SIZE: int = 20
+    #: After a Redis failure, skip Redis for this long before probing it again.
+    REDIS_BREAKER_S: float = 2.0
 
 
 def get() -> TenantSettings:

@@ -1,14 +1,16 @@
-"""Per-tenant request rate limits, shared across processes through the Django cache.
+"""Per-tenant request rate limits, shared across processes through Redis (:mod:`tenants.kv`).
 
 Three operation classes, each with its own per-minute budget on the Tenant row (null:
 unlimited): ``create`` (task-augmented requests that create a task), ``read`` (``tasks/get``,
 ``tasks/list``, ``tasks/result``) and ``other`` (every other MCP request).
 
-Counting uses a sliding-window counter: one cache counter per tenant, class and minute
-(``cache.add`` + ``cache.incr``: atomic in Redis, lock-protected in local memory), and the
+Counting uses a sliding-window counter: one counter per tenant, class and minute (``INCR``
+with an expiry: atomic in Redis, lock-protected in the in-process fallback), and the
 estimate ``previous_minute * (1 - elapsed_fraction) + current_minute``. A refused request
 is not counted. Limits are re-read from the database every few seconds (admin edits apply
-without restart).
+without restart). A tenant without limits costs no Redis round trip at all. When Redis is
+unavailable, counting falls back to this process alone (fail open, with a logged warning):
+limits are then enforced per process rather than refused or turned into errors.
 
 Polling: :func:`note_poll` charges one *extra* read when the same principal polls the same
 task (``tasks/get``) again sooner than the task's ``pollInterval`` — a client that respects
@@ -17,15 +19,16 @@ task (``tasks/get``) again sooner than the task's ``pollInterval`` — a client 
 
 from __future__ import annotations
 
-import contextlib
+import hashlib
 import math
 import time
 from typing import Any, Literal
 
-from django.core.cache import cache
+from django.conf import settings
 
 from mcptasks.protocol.errors import RATE_LIMITED, McpError
 
+from . import kv
 from .auth import AuthContext
 from .selectors import tenant_row
 
@@ -74,30 +77,47 @@ def _limit_for(auth: AuthContext, op_class: OpClass) -> int | None:
     }[op_class]
 
 
+def _prefix() -> str:
+    return f"{getattr(settings, 'CHANNEL_PREFIX', 'mcptasks')}:rl"
+
+
 def _key(tenant_id: int, op_class: str, window: int) -> str:
-    return f"tenants:rl:{tenant_id}:{op_class}:{window}"
+    return f"{_prefix()}:{tenant_id}:{op_class}:{window}"
 
 
-def _incr(key: str) -> int:
-    cache.add(key, 0, timeout=WINDOW_S * 2 + 5)
-    try:
-        return int(cache.incr(key))
-    except ValueError:  # expired between add and incr
-        cache.add(key, 0, timeout=WINDOW_S * 2 + 5)
-        return int(cache.incr(key))
+_COUNTER_TTL_S = WINDOW_S * 2 + 5
+
+
+def _count(prev_key: str, key: str) -> tuple[int, int]:
+    """(previous window's count, this window's count after adding one)."""
+
+    def remote(r: Any) -> tuple[int, int]:
+        pipe = r.pipeline(transaction=False)
+        pipe.get(prev_key)
+        pipe.incr(key)
+        pipe.expire(key, _COUNTER_TTL_S)
+        previous, current, _ = pipe.execute()
+        return int(previous or 0), int(current)
+
+    def fallback(store: kv.LocalStore) -> tuple[int, int]:
+        return int(store.get(prev_key) or 0), store.incr(key, ttl_s=_COUNTER_TTL_S)
+
+    return kv.call(remote, fallback=fallback)
+
+
+def _uncount(key: str) -> None:
+    kv.call(lambda r: r.decr(key), fallback=lambda store: store.incr(key, ttl_s=_COUNTER_TTL_S, by=-1))
 
 
 def _charge(*, tenant_id: int, op_class: OpClass, limit: int, now: float) -> None:
     window = int(now // WINDOW_S)
     elapsed = now - window * WINDOW_S
     weight = 1.0 - elapsed / WINDOW_S
-    previous = int(cache.get(_key(tenant_id, op_class, window - 1)) or 0)
     key = _key(tenant_id, op_class, window)
-    current = _incr(key)
+    previous, current = _count(_key(tenant_id, op_class, window - 1), key)
     if previous * weight + current <= limit:
         return
-    with contextlib.suppress(ValueError):
-        cache.decr(key)  # refused requests do not count
+    _uncount(key)  # refused requests do not count
     raise RateLimited(max(1, math.ceil(_retry_after(previous, current - 1, limit, elapsed))), limit, op_class)
 
 
@@ -123,15 +143,21 @@ def note_poll(*, auth: AuthContext, task_id: str, poll_interval_ms: int) -> None
     """Record a ``tasks/get`` of ``task_id``; a poll sooner than ``poll_interval_ms`` after the
     previous one by the same principal costs one extra read (may raise :class:`RateLimited`).
 
-    Call it in addition to ``check_rate(op_class="read")``.
+    Call it in addition to ``check_rate(op_class="read")``. Nothing is recorded for a tenant
+    without a read limit (there is nothing to charge). The task id is hashed into the key, so a
+    client-chosen string never becomes a Redis key.
     """
-    now = time.time()
-    key = f"tenants:poll:{auth.principal_id}:{task_id}"
-    previous = cache.get(key)
-    cache.set(key, now, timeout=max(WINDOW_S, math.ceil(poll_interval_ms / 1000) * 2))
-    if previous is None or (now - float(previous)) * 1000 >= poll_interval_ms:
-        return
     limit = _limit_for(auth, "read")
     if limit is None:
+        return
+    now = time.time()
+    digest = hashlib.sha256(task_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    key = f"{_prefix()}:poll:{auth.principal_id}:{digest}"
+    ttl = max(WINDOW_S, math.ceil(poll_interval_ms / 1000) * 2)
+    previous = kv.call(
+        lambda r: r.set(key, repr(now), ex=ttl, get=True),
+        fallback=lambda store: store.getset(key, repr(now), ttl_s=ttl),
+    )
+    if previous is None or (now - float(previous)) * 1000 >= poll_interval_ms:
         return
     _charge(tenant_id=auth.tenant_id, op_class="read", limit=limit, now=now)

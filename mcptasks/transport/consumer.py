@@ -9,6 +9,7 @@ that answers need not be the one that did the work.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import secrets
@@ -18,14 +19,17 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
+from channels.layers import get_channel_layer
+from channels.utils import await_many_dispatch
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
+from tenants import conf as tenants_conf
 from tenants import ratelimit
 from tenants.auth import AuthContext, AuthError, authenticate, insufficient_scope
 from tenants.selectors import effective_limits
 
-from .. import bus, conf, selectors, services
+from .. import bus, conf, layers, selectors, services
 from ..handlers import RequestContext, StreamReply, dispatcher, operation_class, required_scope
 from ..models import McpSession, StreamEvent, Task
 from ..protocol import jsonrpc, versions
@@ -99,8 +103,108 @@ class McpConsumer(AsyncHttpConsumer):
         self.takeover_token = secrets.token_hex(8)
         self.result_published = False
         self.result_request_id: str | int | None = None
+        # Messages to ourselves (re-checks, the scheduled close, fallback polls): a local queue,
+        # never the channel layer, so they work whatever state Redis is in.
+        self._local: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        # Set while the channel layer is failing: we poll the store and try to rejoin groups.
+        self.layer_degraded = False
+        self._layer_ok = asyncio.Event()
+        self._layer_ok.set()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # --- ASGI plumbing ------------------------------------------------------------------------
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """Channels' consumer loop, with the channel layer as an accelerator, not a dependency.
+
+        Three sources feed :meth:`dispatch`: the HTTP connection, our local queue and the
+        channel layer. A failing layer receive (Redis down, frozen, restarted) does not end the
+        consumer as it would in Channels (leaving a deaf stream that only sends keep-alives):
+        the stream re-reads the database every ``LAYER_FALLBACK_POLL_S`` until it has rejoined
+        its groups.
+        """
+        self.scope = scope
+        self._loop = asyncio.get_running_loop()
+        self.channel_layer = get_channel_layer(self.channel_layer_alias)
+        if self.channel_layer is not None:
+            self.channel_name = await self.channel_layer.new_channel()
+        self.base_send = send
+        sources: list[Any] = [receive, self._local.get]
+        if self.channel_layer is not None:
+            sources.append(self._layer_receive)
+        with contextlib.suppress(StopConsumer):
+            await await_many_dispatch(sources, self.dispatch)
+
+    async def _layer_receive(self) -> dict[str, Any]:
+        await self._layer_ok.wait()
+        try:
+            return dict(await self.channel_layer.receive(self.channel_name))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.warning("channel layer receive failed (%s); stream falls back to the database",
+                           type(exc).__name__)
+            layers.report_failure(exc, open_s=tenants_conf.get().REDIS_BREAKER_S)
+            self.layer_failed()
+            await asyncio.sleep(conf.get().LAYER_FALLBACK_POLL_S)
+            return {"type": "layer.poll"}
+
+    def layer_failed(self) -> None:
+        """The channel layer failed in this process (any thread): poll the store, then rejoin."""
+        if self._loop is None or self._loop.is_closed():
+            return
+        self._loop.call_soon_threadsafe(self._degrade)
+
+    def _degrade(self) -> None:
+        if self.closed or self.layer_degraded:
+            return
+        self.layer_degraded = True
+        self._layer_ok.clear()
+        self.background.append(asyncio.ensure_future(self._layer_monitor()))
+
+    async def _layer_monitor(self) -> None:
+        try:
+            while self.layer_degraded and not self.closed:
+                await asyncio.sleep(conf.get().LAYER_FALLBACK_POLL_S)
+                self._local.put_nowait({"type": "layer.poll"})
+        except asyncio.CancelledError:
+            pass
+
+    async def layer_poll(self, message: dict[str, Any]) -> None:
+        """Fallback tick: rejoin our groups if Redis answers again, and catch up from the store."""
+        if self.closed:
+            raise StopConsumer()
+        if self.layer_degraded and await self._rejoin():
+            logger.info("stream %s rejoined its channel-layer groups", self.stream_id)
+            self.layer_degraded = False
+            self._layer_ok.set()
+        await self._catch_up()
+        if self.closed:
+            raise StopConsumer()
+
+    async def _rejoin(self) -> bool:
+        layer = self.channel_layer
+        if layer is None:
+            return True
+        try:
+            for group in self.groups_joined:
+                await asyncio.wait_for(
+                    layer.group_add(group, self.channel_name), timeout=max(1.0, conf.get().LAYER_SEND_TIMEOUT_S)
+                )
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            return False
+        layers.send_breaker.succeeded()
+        return True
+
+    async def _catch_up(self) -> None:
+        """Write whatever the store has past our position (and re-check a awaited task)."""
+        if self.closed or self.stream_id is None or not self.streaming:
+            return
+        await self._replay(await self._stored_events(self.stream_id, self.next_seq - 1))
+        if self.mode == "task_result" and self.task is not None and not self.closed:
+            await self._check_task()
 
     async def http_request(self, message: dict[str, Any]) -> None:
         """Collect the body (refusing oversize ones early), then handle; stay alive if streaming."""
@@ -129,22 +233,39 @@ class McpConsumer(AsyncHttpConsumer):
         for t in self.background:
             t.cancel()
         layer = self.channel_layer
-        if layer is not None:
+        if layer is not None and not self.layer_degraded:
             for group in self.groups_joined:
                 try:
-                    await layer.group_discard(group, self.channel_name)
+                    await asyncio.wait_for(
+                        layer.group_discard(group, self.channel_name), timeout=conf.get().LAYER_SEND_TIMEOUT_S
+                    )
                 except Exception:
+                    # Memberships expire on their own (group_expiry); never fail a disconnect.
                     logger.debug("group_discard failed", exc_info=True)
+                    break
         self.groups_joined = []
+        layers.remove_listener(self)
         if self.mode == "task_result" and self.task is not None and self.stream_id:
             await database_sync_to_async(services.bind_result_stream)(
                 task=self.task, stream_id=None, only_if=self.stream_id
             )
 
     async def _join(self, group: str) -> None:
-        if self.channel_layer is not None:
-            await self.channel_layer.group_add(group, self.channel_name)
-            self.groups_joined.append(group)
+        """Join ``group``; if the layer fails, the stream falls back to the store (and rejoins)."""
+        if self.channel_layer is None:
+            return
+        self.groups_joined.append(group)
+        if self.layer_degraded:
+            return
+        try:
+            await asyncio.wait_for(
+                self.channel_layer.group_add(group, self.channel_name), timeout=conf.get().LAYER_SEND_TIMEOUT_S
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            layers.report_failure(exc, open_s=tenants_conf.get().REDIS_BREAKER_S)
+            self._degrade()
 
     # --- request entry -----------------------------------------------------------------------
 
@@ -361,6 +482,7 @@ class McpConsumer(AsyncHttpConsumer):
         await self.send_headers(status=200, headers=headers)
         self.streaming = True
         _LIVE_STREAMS.add(self)
+        layers.add_listener(self)
         await self.send_body(sse.event("", event_id=priming_id, retry_ms=conf.get().SSE_RETRY_MS), more_body=True)
         self.background.append(asyncio.ensure_future(self._keepalive()))
 
@@ -375,7 +497,8 @@ class McpConsumer(AsyncHttpConsumer):
                     return
                 if loop.time() >= deadline:
                     # Bound connection lifetime: hint the client to come back, then close the
-                    # connection (not the stream); it resumes with Last-Event-ID.
+                    # connection (not the stream); it resumes with Last-Event-ID. Through our
+                    # local queue, so it happens whatever state the channel layer is in.
                     await self._send_self({"type": "stream.close_connection"})
                     return
                 await self.send_body(sse.comment(), more_body=True)
@@ -383,8 +506,7 @@ class McpConsumer(AsyncHttpConsumer):
             pass
 
     async def _send_self(self, message: dict[str, Any]) -> None:
-        if self.channel_layer is not None:
-            await self.channel_layer.send(self.channel_name, message)
+        self._local.put_nowait(message)
 
     async def _close(self, *, hint_retry: bool = False) -> None:
         if self.closed:
@@ -535,9 +657,7 @@ class McpConsumer(AsyncHttpConsumer):
         self.mode = "get"
         self.stream_id = stream_id = bus.get_stream_id(session.pk)
         # One live connection per GET stream: a newer one replaces the older (never broadcast).
-        await self.channel_layer.group_send(
-            bus.stream_group(stream_id), {"type": "stream.takeover", "token": self.takeover_token}
-        )
+        await bus.group_send(bus.stream_group(stream_id), {"type": "stream.takeover", "token": self.takeover_token})
         # A fresh GET starts at the stream's current end. Read it before joining, then replay
         # whatever was stored in between: nothing published meanwhile is lost.
         floor = await database_sync_to_async(bus.last_seq)(stream_id)
@@ -562,7 +682,7 @@ class McpConsumer(AsyncHttpConsumer):
         self.stream_id = stream_id
         self.mode = "get" if stream_id.startswith("g") else "resume"
         if self.mode == "get":
-            await self.channel_layer.group_send(
+            await bus.group_send(
                 bus.stream_group(stream_id), {"type": "stream.takeover", "token": self.takeover_token}
             )
         # Join first, then replay: anything published meanwhile is deduplicated by sequence.

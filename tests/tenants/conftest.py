@@ -5,8 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import secrets
+
 import pytest
 from django.core.cache import cache
+
+from tenants import kv
 
 from tenants.selectors import clear_limits_cache
 from tests.tenants.tenants_testutil import ISSUER, RESOURCE, JwksServer, KeyPair
@@ -17,10 +21,14 @@ def _tenants_env(settings: Any) -> Iterator[None]:
     """Our own URLconf (the project's root URLconf is the lead's), fresh caches, no anonymity."""
     settings.ROOT_URLCONF = "tenants.urls"
     settings.MCPTASKS = {**settings.MCPTASKS, "PUBLIC_URL": "", "ALLOW_ANONYMOUS": False}
+    # Shared counters (Redis in CI) get a prefix of their own per test: no leftovers.
+    settings.CHANNEL_PREFIX = "t" + secrets.token_hex(6)
     cache.clear()
+    kv.reset()
     clear_limits_cache()
     yield
     cache.clear()
+    kv.reset()
     clear_limits_cache()
 
 

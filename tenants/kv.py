@@ -1,0 +1,216 @@
+"""The process-wide Redis client for small shared counters, with a circuit breaker.
+
+Redis is an accelerator here, never a dependency of a request: rate-limit counters and poll
+notes go to Redis when it answers within ``REDIS_OP_TIMEOUT_S``, and to an in-process store
+otherwise (no ``REDIS_URL``, Redis down, frozen or refusing clients). Each process has one client
+with one bounded connection pool (``REDIS_POOL_SIZE``), created on first use; Django's cache is
+not used for this because its Redis client is rebuilt per async context, and each instance keeps
+its own connections open (one leaked connection per request).
+
+After a failure the breaker stays open for ``REDIS_BREAKER_S``: calls skip Redis at once (no
+timeout paid per request) and a warning is logged once per opening. Then one call probes Redis;
+success closes the breaker.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from django.conf import settings
+
+from . import conf
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Entries kept by the in-process fallback store (oldest dropped first).
+LOCAL_MAX_KEYS = 100_000
+
+
+class Breaker:
+    """A circuit breaker: closed (use the service), open (skip it) for ``open_s`` after a failure."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._open_until = 0.0
+        self._probing = False
+        self.failures = 0
+
+    def allow(self) -> bool:
+        """Whether to try the service now (one caller at a time probes a half-open breaker)."""
+        now = time.monotonic()
+        with self._lock:
+            if self._open_until == 0.0:
+                return True
+            if now < self._open_until or self._probing:
+                return False
+            self._probing = True
+            return True
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the service is currently considered unavailable."""
+        return self._open_until != 0.0
+
+    def failed(self, exc: BaseException, *, open_s: float) -> None:
+        """Record a failure: open (or keep open) the breaker for ``open_s`` seconds."""
+        with self._lock:
+            was_open = self._open_until != 0.0
+            self._open_until = time.monotonic() + open_s
+            self._probing = False
+            self.failures += 1
+        if not was_open:
+            logger.warning("%s unavailable (%s: %s); falling back for %.1f s", self.name,
+                           type(exc).__name__, str(exc)[:200], open_s)
+
+    def succeeded(self) -> None:
+        """Record a success: close the breaker."""
+        with self._lock:
+            was_open = self._open_until != 0.0
+            self._open_until = 0.0
+            self._probing = False
+        if was_open:
+            logger.warning("%s available again", self.name)
+
+
+class LocalStore:
+    """A bounded in-process stand-in for the few Redis commands the counters use."""
+
+    def __init__(self, max_keys: int = LOCAL_MAX_KEYS) -> None:
+        self._lock = threading.Lock()
+        self._data: OrderedDict[str, tuple[float, Any]] = OrderedDict()
+        self.max_keys = max_keys
+
+    def _live(self, key: str, now: float) -> Any:
+        hit = self._data.get(key)
+        if hit is None:
+            return None
+        if hit[0] <= now:
+            del self._data[key]
+            return None
+        return hit[1]
+
+    def _put(self, key: str, value: Any, ttl_s: float, now: float) -> None:
+        self._data[key] = (now + ttl_s, value)
+        self._data.move_to_end(key)
+        while len(self._data) > self.max_keys:
+            self._data.popitem(last=False)
+
+    def get(self, key: str) -> Any:
+        """The value, or None when missing or expired."""
+        with self._lock:
+            return self._live(key, time.monotonic())
+
+    def incr(self, key: str, *, ttl_s: float, by: int = 1) -> int:
+        """Add ``by`` to a counter (created with ``ttl_s``), return the new value."""
+        now = time.monotonic()
+        with self._lock:
+            hit = self._data.get(key)
+            if hit is None or hit[0] <= now:
+                self._put(key, by, ttl_s, now)
+                return by
+            self._data[key] = (hit[0], int(hit[1]) + by)
+            return int(hit[1]) + by
+
+    def getset(self, key: str, value: Any, *, ttl_s: float) -> Any:
+        """Store ``value`` and return the previous live value (None if none)."""
+        now = time.monotonic()
+        with self._lock:
+            previous = self._live(key, now)
+            self._put(key, value, ttl_s, now)
+            return previous
+
+    def clear(self) -> None:
+        """Forget everything (tests)."""
+        with self._lock:
+            self._data.clear()
+
+
+_lock = threading.Lock()
+_client: Any = None
+_client_url = ""
+breaker = Breaker("Redis (rate limits and poll notes)")
+local = LocalStore()
+
+
+def redis_url() -> str:
+    """The Redis URL (``REDIS_URL``), or "" when this process has no Redis."""
+    return str(getattr(settings, "REDIS_URL", "") or "")
+
+
+def client() -> Any:
+    """The process-wide ``redis.Redis`` client (None without ``REDIS_URL``)."""
+    global _client, _client_url
+    url = redis_url()
+    if not url:
+        return None
+    with _lock:
+        if _client is None or _client_url != url:
+            import redis
+
+            s = conf.get()
+            pool = redis.BlockingConnectionPool.from_url(
+                url,
+                max_connections=s.REDIS_POOL_SIZE,
+                # Waiting for a free connection counts against the same short budget.
+                timeout=s.REDIS_OP_TIMEOUT_S,
+                socket_timeout=s.REDIS_OP_TIMEOUT_S,
+                socket_connect_timeout=s.REDIS_OP_TIMEOUT_S,
+                health_check_interval=30,
+            )
+            _client = redis.Redis(connection_pool=pool)
+            _client_url = url
+        return _client
+
+
+def pool_stats() -> dict[str, int]:
+    """Connections of the process-wide client: ``open`` (created), ``in_use``, ``max``."""
+    c = _client
+    if c is None:
+        return {"open": 0, "in_use": 0, "max": conf.get().REDIS_POOL_SIZE}
+    pool = c.connection_pool
+    created = len(getattr(pool, "_connections", ()))
+    # The pool's queue holds idle connections and None placeholders for ones never made.
+    idle = len([x for x in list(getattr(getattr(pool, "pool", None), "queue", ())) if x is not None])
+    return {"open": created, "in_use": max(0, created - idle), "max": int(pool.max_connections)}
+
+
+def call(op: Callable[[Any], T], *, fallback: Callable[[LocalStore], T]) -> T:
+    """Run ``op(redis_client)``, or ``fallback(local)`` when Redis is absent or unavailable."""
+    c = client()
+    if c is None:
+        return fallback(local)
+    if not breaker.allow():
+        return fallback(local)
+    import redis
+
+    try:
+        value = op(c)
+    except (redis.RedisError, OSError) as exc:
+        breaker.failed(exc, open_s=conf.get().REDIS_BREAKER_S)
+        return fallback(local)
+    breaker.succeeded()
+    return value
+
+
+def reset() -> None:
+    """Drop the client and the local store (tests; after changing ``REDIS_URL``)."""
+    global _client, _client_url
+    with _lock:
+        if _client is not None:
+            try:
+                _client.close()
+                _client.connection_pool.disconnect()
+            except Exception:
+                logger.debug("closing the Redis client failed", exc_info=True)
+        _client = None
+        _client_url = ""
+    breaker.succeeded()
+    local.clear()
