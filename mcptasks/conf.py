@@ -53,6 +53,8 @@ class AppSettings:
     #: After a layer failure, streams re-read the database and try to rejoin their groups
     #: this often until Redis answers again.
     LAYER_FALLBACK_POLL_S: float = 1.0
+    #: Bearer token that ``GET /metrics`` requires; empty: ``/metrics`` answers loopback only.
+    METRICS_TOKEN: str = ""
     ALLOW_ANONYMOUS: bool = False
     DEFAULT_TENANT: str = "default"
 

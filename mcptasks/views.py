@@ -1,9 +1,15 @@
-"""Small Django views: health."""
+"""Small Django views: health and metrics."""
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
+
 from django.db import connection
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from . import conf, metrics
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -15,3 +21,21 @@ def healthz(request: HttpRequest) -> JsonResponse:
     except Exception:
         db_ok = False
     return JsonResponse({"status": "ok" if db_ok else "degraded", "database": db_ok}, status=200 if db_ok else 503)
+
+
+def _metrics_allowed(request: HttpRequest) -> bool:
+    token = conf.get().METRICS_TOKEN
+    if token:
+        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        return hmac.compare_digest(given.encode(), token.encode())
+    try:
+        return ipaddress.ip_address(request.META.get("REMOTE_ADDR", "")).is_loopback
+    except ValueError:
+        return False
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """Prometheus metrics: with ``MCPTASKS_METRICS_TOKEN`` as a bearer token, else loopback only."""
+    if not _metrics_allowed(request):
+        return JsonResponse({"error": "forbidden"}, status=403)
+    return HttpResponse(metrics.render(), content_type=CONTENT_TYPE_LATEST)

@@ -30,6 +30,12 @@ def require_postgres() -> None:
         _skip("needs PostgreSQL: set DATABASE_URL=postgres://... (CI does)")
 
 
+def require_redis() -> None:
+    """Skip unless the tests have a Redis (REDIS_URL)."""
+    if not ON_REDIS:
+        _skip("needs Redis: set REDIS_URL=redis://... (CI does)")
+
+
 def require_multiprocess() -> None:
     """Skip unless several processes can share state (PostgreSQL + Redis)."""
     if not (ON_POSTGRES and ON_REDIS):

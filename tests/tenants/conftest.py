@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterator
 from typing import Any
-
-import secrets
 
 import pytest
 from django.core.cache import cache
 
 from tenants import kv
-
 from tenants.selectors import clear_limits_cache
 from tests.tenants.tenants_testutil import ISSUER, RESOURCE, JwksServer, KeyPair
 

@@ -1,0 +1,152 @@
+"""Redis faults under load, on a private Redis that the test stops, restarts and freezes.
+
+Redis is an accelerator: with it gone, reads, terminal results, creation and cancellation are
+served from PostgreSQL; open streams fall back to reading the store and rejoin their groups when
+Redis returns (empty, as after a restart); the worker rejoins its wake-up group.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require_multiprocess
+from tests.e2e.live_support import Listener, status_notes, twin
+from tests.support.client import McpClient
+from tests.support.redis_proc import PrivateRedis
+from tests.support.servers import Proc, Stack
+
+#: Delivery settings at their defaults: no short backstop hides a lost wake-up.
+DEFAULTS = {
+    "MCPTASKS_TASK_RESULT_RECHECK_S": "5",
+    "MCPTASKS_SSE_KEEPALIVE_S": "15",
+    "MCPTASKS_WORKER_POLL_S": "2",
+}
+OUTAGE_S = 30
+FREEZE_S = 10
+
+
+@pytest.fixture(scope="module")
+def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRedis]:
+    r = PrivateRedis(Path(tmp_path_factory.mktemp("redis")))
+    r.start()
+    yield r
+    r.thaw()
+    r.stop()
+
+
+@pytest.fixture(scope="module")
+def web(stack: Stack, redis: PrivateRedis) -> Iterator[Proc]:
+    if not stack.multi_process:
+        require_multiprocess()
+    env = {**DEFAULTS, "REDIS_URL": redis.url}
+    procs = [stack.daphne(embedded_worker=False, extra_env=env), stack.worker(concurrency=8, extra_env=env)]
+    yield procs[0]
+    for p in procs:
+        p.terminate(timeout=15)
+
+
+@pytest.fixture
+def client(web: Proc) -> Iterator[McpClient]:
+    with McpClient(web.url, timeout=30) as c:
+        c.initialize()
+        yield c
+
+
+def _completed(listener: Listener, task_id: str) -> bool:
+    return "completed" in [s for s, _ in status_notes(listener.messages, task_id)]
+
+
+def _round_trip(client: McpClient) -> float:
+    """Seconds from creating a 0 ms task to its result (a wake-up the worker missed costs ~1-2 s)."""
+    t0 = time.monotonic()
+    task = client.call_task("demo_sleep", {"ms": 0})
+    assert client.request("tasks/result", {"taskId": task["taskId"]}).result["content"][0]["text"] == "Slept for 0 ms"
+    return time.monotonic() - t0
+
+
+def _wait(predicate: object, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_redis_outage_reads_from_the_database_and_recovers(client: McpClient, web: Proc, redis: PrivateRedis) -> None:
+    done = client.call_task("demo_sleep", {"ms": 0})["taskId"]
+    assert client.request("tasks/result", {"taskId": done}).status == 200
+    baseline = statistics.median(_round_trip(client) for _ in range(3))
+    listener = Listener(twin(client, web.url)).start()
+    listener.wait_primed()
+
+    redis.stop()
+    ok = total = 0
+    created: list[str] = []
+    errors: list[str] = []
+    deadline = time.monotonic() + OUTAGE_S
+    while time.monotonic() < deadline:
+        for method, params in (("tasks/get", {"taskId": done}), ("tasks/result", {"taskId": done})):
+            total += 1
+            reply = client.request(method, params)
+            if reply.status == 200 and reply.message is not None and "result" in reply.message:
+                ok += 1
+            else:
+                errors.append(f"{method}: {reply.status} {reply.body[:200]!r}")
+        if len(created) < OUTAGE_S // 3 and time.monotonic() > deadline - OUTAGE_S + 3 * len(created):
+            total += 2
+            long = client.call_task("demo_sleep", {"ms": 60_000})["taskId"]
+            cancelled = client.request("tasks/cancel", {"taskId": long})
+            ok += 1 + (cancelled.status == 200 and cancelled.result["status"] == "cancelled")
+            created.append(client.call_task("demo_sleep", {"ms": 0})["taskId"])
+            total += 1
+            ok += 1
+    assert ok / total >= 0.99, (ok, total, errors[:5])
+    # Tasks created during the outage ran (claimed by the poll backstop) and their notifications
+    # reached the stream opened before the outage, through the store.
+    assert _wait(lambda: all(_completed(listener, t) for t in created), 10), listener.messages
+
+    redis.start()  # empty: every group membership is gone
+    back = time.monotonic()
+    after = client.call_task("demo_sleep", {"ms": 0})["taskId"]
+    assert _wait(lambda: _completed(listener, after), 5), "no notification within 5 s of Redis returning"
+    assert listener.error is None and not listener.done.is_set(), "the stream was dropped"
+    # The worker is back in its wake-up group: creation to result at the pre-outage pace.
+    time.sleep(max(0.0, back + 3 - time.monotonic()))
+    trips = [_round_trip(client) for _ in range(5)]
+    assert statistics.median(trips) < max(0.3, baseline * 3), (baseline, trips)
+    listener.abort()
+
+
+def test_frozen_redis_does_not_stall_requests_that_need_no_redis(
+    client: McpClient, web: Proc, redis: PrivateRedis
+) -> None:
+    done = client.call_task("demo_sleep", {"ms": 0})["taskId"]
+    assert client.request("tasks/result", {"taskId": done}).status == 200
+    listener = Listener(twin(client, web.url)).start()
+    listener.wait_primed()
+    redis.freeze()
+    slowest = 0.0
+    answered = 0
+    try:
+        deadline = time.monotonic() + FREEZE_S
+        while time.monotonic() < deadline:
+            for method, params in (("ping", None), ("tasks/get", {"taskId": done}), ("tools/list", {})):
+                t0 = time.monotonic()
+                reply = client.request(method, params)
+                slowest = max(slowest, time.monotonic() - t0)
+                assert reply.status == 200 and "result" in (reply.message or {}), reply.body
+                answered += 1
+    finally:
+        redis.thaw()
+    assert answered > 30
+    assert slowest < 1.0, f"a request that needs no Redis took {slowest:.2f} s while Redis was frozen"
+    # And the stream opened before the freeze still delivers afterwards.
+    after = client.call_task("demo_sleep", {"ms": 0})["taskId"]
+    assert _wait(lambda: _completed(listener, after), 15), listener.messages
+    listener.abort()
