@@ -366,12 +366,20 @@ def answer_task_message(*, auth: AuthContext, rpc_id: str, response: dict[str, A
     return True
 
 
-def bind_result_stream(*, task: Task, stream_id: str | None, only_if: str | None = None) -> None:
-    """Attach (or detach, with None) the tasks/result stream that receives the task's messages."""
-    qs = Task.objects.filter(pk=task.pk)
+def bind_result_stream(
+    *, auth: AuthContext, task: Task, stream_id: str | None, only_if: str | None = None
+) -> bool:
+    """Attach (or detach, with None) the tasks/result stream that receives the task's messages.
+
+    Only the task's own principal ever receives its input requests: a tenant-wide reader
+    (``mcp:tasks:tenant``) may wait for the status and the result, but its stream is never
+    bound, so it can neither see nor take over the owner's elicitations. Returns whether the
+    binding changed.
+    """
+    qs = Task.objects.filter(pk=task.pk, tenant_id=auth.tenant_id, principal_id=auth.principal_id)
     if only_if is not None:
         qs = qs.filter(stream_id=only_if)
-    qs.update(stream_id=stream_id)
+    return bool(qs.update(stream_id=stream_id))
 
 
 # --- cleanup --------------------------------------------------------------------------------
@@ -496,7 +504,7 @@ def record_audit(*, auth: AuthContext, action: str, task_id: str = "", data: dic
 
 
 def record_audit_ids(
-    *, tenant_id: int, principal_id: int | None, action: str, task_id: str = "",
+    *, tenant_id: int | None, principal_id: int | None, action: str, task_id: str = "",
     data: dict[str, Any] | None = None,
 ) -> None:
     """Append an audit event; each event's hash covers the previous one of its tenant."""
@@ -505,11 +513,12 @@ def record_audit_ids(
         if connection.vendor == "postgresql":
             # Serialise appends per tenant so the hash chain never forks under concurrency.
             with connection.cursor() as cur:
-                cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", [0x4D435054, tenant_id])
-        prev = (
-            AuditEvent.objects.filter(tenant_id=tenant_id).order_by("-id").values_list("hash", flat=True).first()
-            or ""
+                cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", [0x4D435054, tenant_id or 0])
+        # Events of no tenant (e.g. throttled sign-ins) form a chain of their own.
+        chain = AuditEvent.objects.filter(tenant_id=tenant_id) if tenant_id else AuditEvent.objects.filter(
+            tenant__isnull=True
         )
+        prev = chain.order_by("-id").values_list("hash", flat=True).first() or ""
         body = json.dumps(
             {"t": tenant_id, "p": principal_id, "a": action, "task": task_id, "d": payload, "prev": prev},
             sort_keys=True,

@@ -140,7 +140,12 @@ else:
 # rebuilt per async context and keeps its connections open, one leaked connection per request.
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "mcptasks"}}
 
-AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = []
+AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
@@ -197,6 +202,8 @@ MCPTASKS = {
 }
 
 OAUTH2_PROVIDER = {
+    # Scopes bounded by operator grants per application and membership (tenants/oauth.py).
+    "OAUTH2_VALIDATOR_CLASS": "tenants.oauth.TenantOAuth2Validator",
     "SCOPES": {
         "mcp:tools": "Call MCP tools",
         "mcp:tasks": "Create and read MCP tasks",
@@ -238,6 +245,9 @@ TENANTS = {
     "JWKS_ALLOW_HTTP": env.bool("MCPTASKS_JWKS_ALLOW_HTTP", default=False),
     # Tenant limits are re-read from the database at least this often (admin edits apply live).
     "LIMITS_CACHE_S": env.float("MCPTASKS_TENANT_LIMITS_CACHE_S", default=2.0),
+    "LOGIN_MAX_FAILURES_PER_IP": env.int("MCPTASKS_LOGIN_MAX_FAILURES_PER_IP", default=50),
+    "LOGIN_MAX_FAILURES_PER_USER": env.int("MCPTASKS_LOGIN_MAX_FAILURES_PER_USER", default=10),
+    "LOGIN_WINDOW_S": env.int("MCPTASKS_LOGIN_WINDOW_S", default=900),
     "REDIS_OP_TIMEOUT_S": env.float("MCPTASKS_REDIS_OP_TIMEOUT_S", default=0.25),
     "REDIS_POOL_SIZE": env.int("MCPTASKS_REDIS_POOL_SIZE", default=20),
     "REDIS_BREAKER_S": env.float("MCPTASKS_REDIS_BREAKER_S", default=2.0),

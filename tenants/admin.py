@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from .models import ExternalIssuer, Principal, Tenant, TenantApplication
+from .models import ExternalIssuer, Principal, Tenant, TenantApplication, TenantMembership
 
 
 class PrincipalInline(admin.TabularInline):
@@ -40,7 +40,7 @@ class TenantAdmin(admin.ModelAdmin):
 
 @admin.register(Principal)
 class PrincipalAdmin(admin.ModelAdmin):
-    list_display = ("identifier", "name", "kind", "tenant", "active_tasks", "created_at")
+    list_display = ("identifier", "issuer", "name", "kind", "tenant", "active_tasks", "created_at")
     list_filter = ("kind", "tenant")
     search_fields = ("identifier", "name", "tenant__slug")
     readonly_fields = ("active_tasks", "created_at")
@@ -56,8 +56,17 @@ class ExternalIssuerAdmin(admin.ModelAdmin):
 
 @admin.register(TenantApplication)
 class TenantApplicationAdmin(admin.ModelAdmin):
-    list_display = ("application", "tenant", "principal", "created_at")
+    list_display = ("application", "tenant", "principal", "allowed_scopes", "created_at")
     list_filter = ("tenant",)
     search_fields = ("application__name", "application__client_id", "tenant__slug")
     raw_id_fields = ("application", "principal")
+    readonly_fields = ("created_at",)
+
+
+@admin.register(TenantMembership)
+class TenantMembershipAdmin(admin.ModelAdmin):
+    list_display = ("user", "tenant", "allowed_scopes", "created_at")
+    list_filter = ("tenant",)
+    search_fields = ("user__username", "tenant__slug")
+    raw_id_fields = ("user",)
     readonly_fields = ("created_at",)

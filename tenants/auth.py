@@ -183,7 +183,7 @@ def _builtin_token_context(*, token: str, resource_url: str) -> AuthContext:
     """Resolve a token minted by the built-in authorization server (django-oauth-toolkit)."""
     from oauth2_provider.models import get_access_token_model
 
-    from .models import Principal, TenantApplication
+    from .models import Principal, TenantApplication, TenantMembership
     from .services import get_or_create_principal
 
     checksum = hashlib.sha256(token.encode("utf-8")).hexdigest()
@@ -215,8 +215,16 @@ def _builtin_token_context(*, token: str, resource_url: str) -> AuthContext:
     tenant = link.tenant
     if not tenant.active:
         raise _unauthorized(resource_url=resource_url, message="Tenant is disabled")
+    # Scopes are bounded by the operator's grants *now*: narrowing an application or a
+    # membership applies to tokens already issued.
+    granted = link.scope_set()
     if access.user is not None:
         user = access.user
+        membership = TenantMembership.objects.filter(tenant_id=tenant.pk, user_id=user.pk).first()
+        if membership is None:
+            logger.warning("token %s refused: user is not a member of tenant %s", ref, tenant.pk)
+            raise _unauthorized(resource_url=resource_url, message="User is not a member of this tenant")
+        granted = granted & membership.scope_set()
         principal = get_or_create_principal(
             tenant=tenant, kind=Principal.Kind.USER, identifier=user.get_username(), name=user.get_username()
         )
@@ -231,7 +239,7 @@ def _builtin_token_context(*, token: str, resource_url: str) -> AuthContext:
         tenant_slug=tenant.slug,
         principal_id=principal.pk,
         principal_name=principal.name or principal.identifier,
-        scopes=frozenset(access.scope.split()),
+        scopes=frozenset(access.scope.split()) & granted,
         anonymous=False,
         credential_ref=ref,
     )

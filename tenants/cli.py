@@ -60,17 +60,20 @@ def list_tenants() -> list[str]:
 
 
 def app(
-    *, slug: str, name: str, grant: str = "client-credentials", redirect_uris: list[str] | None = None
+    *, slug: str, name: str, grant: str = "client-credentials", redirect_uris: list[str] | None = None,
+    scopes: list[str] | None = None,
 ) -> list[str]:
-    """Register an OAuth application of ``slug``; prints client_id (and a secret, shown once)."""
+    """Register an OAuth application of ``slug`` granted ``scopes``; prints client_id (and a secret, once)."""
     tenant = _tenant(slug)
+    if scopes:
+        _known(scopes)
     if grant == "client-credentials":
-        link, secret = create_client_application(tenant=tenant, principal_name=name)
+        link, secret = create_client_application(tenant=tenant, principal_name=name, scopes=scopes)
         return [f"client_id={link.application.client_id}", f"client_secret={secret}"]
     if not redirect_uris:
         raise CliError("--redirect-uri is required for authorization-code applications")
     link, maybe_secret = create_authorization_code_application(
-        tenant=tenant, name=name, redirect_uris=redirect_uris
+        tenant=tenant, name=name, redirect_uris=redirect_uris, scopes=scopes
     )
     lines = [f"client_id={link.application.client_id}", "client_type=public (PKCE S256 required)"]
     if maybe_secret:
@@ -85,3 +88,27 @@ def recount(*, slug: str | None = None) -> list[str]:
     tenant_id = _tenant(slug).pk if slug else None
     fixed = recount_active_tasks(tenant_id=tenant_id)
     return [f"recounted: {fixed} counter(s) corrected"]
+
+
+def _known(scopes: list[str]) -> None:
+    from .conf import MCP_SCOPES
+
+    unknown = [s for s in scopes if s not in MCP_SCOPES]
+    if unknown:
+        raise CliError(f"unknown scope(s): {' '.join(unknown)}; known: {' '.join(MCP_SCOPES)}")
+
+
+def member(*, slug: str, username: str, scopes: list[str] | None = None) -> list[str]:
+    """Make the Django user ``username`` a member of ``slug`` (authorization-code tokens)."""
+    from django.contrib.auth import get_user_model
+
+    from .services import add_member
+
+    tenant = _tenant(slug)
+    if scopes:
+        _known(scopes)
+    user = get_user_model().objects.filter(**{get_user_model().USERNAME_FIELD: username}).first()
+    if user is None:
+        raise CliError(f"no user {username!r}")
+    membership = add_member(tenant=tenant, user=user, scopes=scopes)
+    return [f"member {username} of {slug}: {membership.allowed_scopes}"]

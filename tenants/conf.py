@@ -25,6 +25,10 @@ class TenantSettings:
     JWKS_HTTP_TIMEOUT_S: float = 5.0
     JWKS_ALLOW_HTTP: bool = False
     LIMITS_CACHE_S: float = 2.0
+    #: Sign-in: failed attempts allowed per client address, and per username, in the window.
+    LOGIN_MAX_FAILURES_PER_IP: int = 50
+    LOGIN_MAX_FAILURES_PER_USER: int = 10
+    LOGIN_WINDOW_S: int = 900
     #: Budget of one Redis operation of the rate limiter (connect, wait for a pooled
     #: connection, read); past it the request goes on with the in-process fallback.
     REDIS_OP_TIMEOUT_S: float = 0.25

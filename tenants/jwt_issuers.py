@@ -210,28 +210,39 @@ def verify_external_jwt(*, token: str, resource_url: str) -> AuthContext:
     )
     if not issuers:
         raise JwtRejected("unknown issuer")
+    if len(issuers) > 1 and any(not i.tenant_claim for i in issuers):
+        # Several tenants trust this issuer and at least one cannot tell its tokens apart:
+        # accepting "the first that verifies" would let one tenant's token into another.
+        logger.warning("issuer %r is trusted by %d tenants without a tenant claim on each: refused",
+                       iss[:200], len(issuers))
+        raise JwtRejected("ambiguous issuer configuration", "Token issuer is not configured unambiguously")
     first_error: JwtRejected | None = None
+    matches: list[tuple[ExternalIssuer, dict[str, Any]]] = []
     for issuer in issuers:
         try:
-            claims = _verify_with(issuer, token=token, header=header, resource_url=resource_url)
+            matches.append((issuer, _verify_with(issuer, token=token, header=header, resource_url=resource_url)))
         except JwtRejected as exc:
             first_error = first_error or exc
-            continue
-        subject = claims.get(issuer.principal_claim)
-        if not isinstance(subject, str) or not subject:
-            raise JwtRejected(f"missing {issuer.principal_claim} claim")
-        kind = Principal.Kind.USER if issuer.principal_claim == "sub" else Principal.Kind.CLIENT
-        principal = get_or_create_principal(tenant=issuer.tenant, kind=kind, identifier=subject)
-        jti = claims.get("jti")
-        ref = f"jwt:{issuer.pk}:{jti}" if isinstance(jti, str) else f"jwt:{issuer.pk}"
-        return AuthContext(
-            tenant_id=issuer.tenant_id,
-            tenant_slug=issuer.tenant.slug,
-            principal_id=principal.pk,
-            principal_name=principal.name or principal.identifier,
-            scopes=_scopes(issuer, claims),
-            anonymous=False,
-            credential_ref=ref[:200],
-        )
-    assert first_error is not None
-    raise first_error
+    if len(matches) > 1:
+        logger.warning("a token of issuer %r verifies for %d tenants: refused", iss[:200], len(matches))
+        raise JwtRejected("token matches several tenants", "Token issuer is not configured unambiguously")
+    if not matches:
+        assert first_error is not None
+        raise first_error
+    issuer, claims = matches[0]
+    subject = claims.get(issuer.principal_claim)
+    if not isinstance(subject, str) or not subject:
+        raise JwtRejected(f"missing {issuer.principal_claim} claim")
+    kind = Principal.Kind.USER if issuer.principal_claim == "sub" else Principal.Kind.CLIENT
+    principal = get_or_create_principal(tenant=issuer.tenant, kind=kind, identifier=subject, issuer=issuer.issuer)
+    jti = claims.get("jti")
+    ref = f"jwt:{issuer.pk}:{jti}" if isinstance(jti, str) else f"jwt:{issuer.pk}"
+    return AuthContext(
+        tenant_id=issuer.tenant_id,
+        tenant_slug=issuer.tenant.slug,
+        principal_id=principal.pk,
+        principal_name=principal.name or principal.identifier,
+        scopes=_scopes(issuer, claims),
+        anonymous=False,
+        credential_ref=ref[:200],
+    )

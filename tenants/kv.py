@@ -145,6 +145,11 @@ def redis_url() -> str:
     return str(getattr(settings, "REDIS_URL", "") or "")
 
 
+def key(name: str) -> str:
+    """``name`` under this deployment's prefix (``MCPTASKS_CHANNEL_PREFIX``)."""
+    return f"{getattr(settings, 'CHANNEL_PREFIX', 'mcptasks')}:{name}"
+
+
 def client() -> Any:
     """The process-wide ``redis.Redis`` client (None without ``REDIS_URL``)."""
     global _client, _client_url

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 from oauth2_provider.settings import oauth2_settings
+
+#: Scopes a new application or membership may use until an operator grants more.
+LEAST_PRIVILEGE_SCOPES = "mcp:tools mcp:tasks"
 
 
 class Tenant(models.Model):
@@ -44,6 +48,10 @@ class Principal(models.Model):
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="principals")
     kind = models.CharField(max_length=16, choices=Kind.choices)
+    # The external issuer (``iss``) that vouches for this identity; blank for local identities
+    # (built-in AS clients and users, anonymous). Part of the key: the same ``sub`` from two
+    # issuers, or equal to a local username, is never the same principal.
+    issuer = models.CharField(max_length=500, blank=True, default="")
     # client_id for clients, sub for users, "anonymous" for the anonymous principal.
     identifier = models.CharField(max_length=255)
     name = models.CharField(max_length=200, blank=True)
@@ -53,13 +61,14 @@ class Principal(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["tenant", "kind", "identifier"], name="uniq_principal_per_tenant"
+                fields=["tenant", "kind", "issuer", "identifier"], name="uniq_principal_per_tenant_issuer"
             ),
         ]
         ordering = ["tenant", "identifier"]
 
     def __str__(self) -> str:
-        return f"{self.tenant.slug}:{self.kind}:{self.identifier}"
+        where = f"{self.issuer}#" if self.issuer else ""
+        return f"{self.tenant.slug}:{self.kind}:{where}{self.identifier}"
 
 
 class TenantApplication(models.Model):
@@ -77,6 +86,9 @@ class TenantApplication(models.Model):
     principal = models.ForeignKey(
         Principal, on_delete=models.SET_NULL, null=True, blank=True, related_name="applications"
     )
+    # Granted by an operator, never by the client asking: the most a token of this application
+    # may carry (space-separated). A request for more gets ``invalid_scope``.
+    allowed_scopes = models.CharField(max_length=200, default=LEAST_PRIVILEGE_SCOPES)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -84,6 +96,33 @@ class TenantApplication(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant.slug}:{self.application_id}"
+
+    def scope_set(self) -> frozenset[str]:
+        """The allowed scopes as a set."""
+        return frozenset(self.allowed_scopes.split())
+
+
+class TenantMembership(models.Model):
+    """A Django user's membership of a tenant: only members get tokens for its applications.
+
+    A user token carries at most the scopes of both its application and this membership.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tenant_memberships")
+    allowed_scopes = models.CharField(max_length=200, default=LEAST_PRIVILEGE_SCOPES)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "user"], name="uniq_membership")]
+        ordering = ["tenant", "user"]
+
+    def __str__(self) -> str:
+        return f"{self.tenant.slug}:{self.user}"
+
+    def scope_set(self) -> frozenset[str]:
+        """The allowed scopes as a set."""
+        return frozenset(self.allowed_scopes.split())
 
 
 class ExternalIssuer(models.Model):
@@ -149,3 +188,11 @@ class ExternalIssuer(models.Model):
             raise ValidationError({"algorithms": "HS* algorithms need an explicit shared secret."})
         if not (self.jwks_url or self.static_keys or self.shared_secret):
             raise ValidationError("Set a JWKS URL, static keys or a shared secret.")
+        others = ExternalIssuer.objects.filter(issuer=self.issuer).exclude(tenant_id=self.tenant_id)
+        if self.pk:
+            others = others.exclude(pk=self.pk)
+        if others.exists() and (not self.tenant_claim or others.filter(tenant_claim="").exists()):
+            raise ValidationError(
+                {"tenant_claim": "This issuer is trusted by another tenant too: every tenant trusting it must "
+                                 "name the claim (and value) that selects the tenant."}
+            )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 from datetime import timedelta
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -13,7 +14,7 @@ from oauth2_provider.settings import oauth2_settings
 from mcptasks import conf as mcp_conf
 
 from .conf import MCP_SCOPES, normalize_uri
-from .models import Principal, Tenant, TenantApplication
+from .models import LEAST_PRIVILEGE_SCOPES, Principal, Tenant, TenantApplication, TenantMembership
 
 ANONYMOUS_IDENTIFIER = "anonymous"
 
@@ -29,14 +30,19 @@ def default_tenant() -> Tenant:
     return get_or_create_tenant(slug=mcp_conf.get().DEFAULT_TENANT)
 
 
-def get_or_create_principal(*, tenant: Tenant, kind: str, identifier: str, name: str = "") -> Principal:
-    """The principal ``(tenant, kind, identifier)``, created if missing (race-safe)."""
+def get_or_create_principal(
+    *, tenant: Tenant, kind: str, identifier: str, name: str = "", issuer: str = ""
+) -> Principal:
+    """The principal ``(tenant, kind, issuer, identifier)``, created if missing (race-safe).
+
+    ``issuer`` is the external issuer vouching for the identity ("" for local ones), so equal
+    subjects from different issuers are different principals.
+    """
+    key = {"tenant": tenant, "kind": kind, "issuer": issuer[:500], "identifier": identifier[:255]}
     try:
-        principal, _ = Principal.objects.get_or_create(
-            tenant=tenant, kind=kind, identifier=identifier[:255], defaults={"name": name[:200]}
-        )
+        principal, _ = Principal.objects.get_or_create(**key, defaults={"name": name[:200]})
     except IntegrityError:  # a concurrent request created it first
-        principal = Principal.objects.get(tenant=tenant, kind=kind, identifier=identifier[:255])
+        principal = Principal.objects.get(**key)
     return principal
 
 
@@ -54,10 +60,14 @@ def _check_scopes(scopes: list[str]) -> list[str]:
     return scopes
 
 
-def create_client_application(*, tenant: Tenant, principal_name: str) -> tuple[TenantApplication, str]:
+def create_client_application(
+    *, tenant: Tenant, principal_name: str, scopes: list[str] | None = None
+) -> tuple[TenantApplication, str]:
     """A confidential client-credentials application of ``tenant`` and its client principal.
 
-    Returns the link row and the client secret in plaintext (stored hashed; shown only once).
+    ``scopes`` are the scopes the operator grants it (default: the least privilege,
+    ``mcp:tools mcp:tasks``). Returns the link row and the client secret in plaintext (stored
+    hashed; shown only once).
     """
     app_model = get_application_model()
     secret = secrets.token_urlsafe(32)
@@ -72,12 +82,16 @@ def create_client_application(*, tenant: Tenant, principal_name: str) -> tuple[T
         principal = get_or_create_principal(
             tenant=tenant, kind=Principal.Kind.CLIENT, identifier=app.client_id, name=principal_name
         )
-        link = TenantApplication.objects.create(application=app, tenant=tenant, principal=principal)
+        link = TenantApplication.objects.create(
+            application=app, tenant=tenant, principal=principal,
+            allowed_scopes=" ".join(_check_scopes(scopes)) if scopes else LEAST_PRIVILEGE_SCOPES,
+        )
     return link, secret
 
 
 def create_authorization_code_application(
-    *, tenant: Tenant, name: str, redirect_uris: list[str], confidential: bool = False
+    *, tenant: Tenant, name: str, redirect_uris: list[str], confidential: bool = False,
+    scopes: list[str] | None = None,
 ) -> tuple[TenantApplication, str | None]:
     """An interactive (authorization code + PKCE S256) application of ``tenant``.
 
@@ -96,7 +110,10 @@ def create_authorization_code_application(
             client_secret=secret,
             hash_client_secret=True,
         )
-        link = TenantApplication.objects.create(application=app, tenant=tenant)
+        link = TenantApplication.objects.create(
+            application=app, tenant=tenant,
+            allowed_scopes=" ".join(_check_scopes(scopes)) if scopes else LEAST_PRIVILEGE_SCOPES,
+        )
     return link, (secret or None)
 
 
@@ -144,6 +161,11 @@ def issue_token(
     """
     scope_list = _check_scopes(list(scopes) if scopes else list(oauth2_settings.DEFAULT_SCOPES))
     link = _cli_application(tenant=tenant, principal_name=principal_name)
+    missing = set(scope_list) - link.scope_set()
+    if missing:
+        # The operator at the command line grants what they mint (clients never can).
+        link.allowed_scopes = " ".join(sorted(link.scope_set() | missing))
+        link.save(update_fields=["allowed_scopes"])
     lifetime = expires_s if expires_s is not None else oauth2_settings.ACCESS_TOKEN_EXPIRE_SECONDS
     bound = normalize_uri(resource) if resource else default_token_resource()
     raw = secrets.token_urlsafe(32)
@@ -158,3 +180,12 @@ def issue_token(
     set_token_value(access, raw)
     access.save()
     return raw
+
+
+def add_member(*, tenant: Tenant, user: Any, scopes: list[str] | None = None) -> TenantMembership:
+    """Make ``user`` a member of ``tenant`` with ``scopes`` (default: least privilege)."""
+    allowed = " ".join(_check_scopes(scopes)) if scopes else LEAST_PRIVILEGE_SCOPES
+    membership, _ = TenantMembership.objects.update_or_create(
+        tenant=tenant, user=user, defaults={"allowed_scopes": allowed}
+    )
+    return membership

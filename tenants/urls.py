@@ -9,13 +9,15 @@ from django.urls import URLPattern, URLResolver, include, path
 from oauth2_provider import urls as dot_urls
 
 from . import conf, views
+from .oauth import TenantAuthorizationView
 
 # DOT's protocol endpoints (authorize, token, revoke, introspect, device flow) without its
 # user-facing application management pages and dynamic client registration: every
 # application must be created bound to a tenant (admin or ``mcptasks_tenant app``).
 _oauth_patterns: list[URLPattern | URLResolver] = [
     path("token/", views.ResourceTokenView.as_view(), name="token"),
-    *(p for p in dot_urls.base_urlpatterns if getattr(p, "name", None) != "token"),
+    path("authorize/", TenantAuthorizationView.as_view(), name="authorize"),
+    *(p for p in dot_urls.base_urlpatterns if getattr(p, "name", None) not in ("token", "authorize")),
 ]
 
 urlpatterns: list[URLPattern | URLResolver] = [

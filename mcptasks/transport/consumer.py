@@ -132,8 +132,16 @@ class McpConsumer(AsyncHttpConsumer):
         sources: list[Any] = [receive, self._local.get]
         if self.channel_layer is not None:
             sources.append(self._layer_receive)
-        with contextlib.suppress(StopConsumer):
-            await await_many_dispatch(sources, self.dispatch)
+        try:
+            with contextlib.suppress(StopConsumer):
+                await await_many_dispatch(sources, self.dispatch)
+        finally:
+            # However the consumer ends (finished, disconnected, cancelled by the server), no
+            # timer or fallback poll outlives it.
+            self.closed = True
+            for t in self.background:
+                t.cancel()
+            layers.remove_listener(self)
 
     async def _layer_receive(self) -> dict[str, Any]:
         await self._layer_ok.wait()
@@ -245,9 +253,9 @@ class McpConsumer(AsyncHttpConsumer):
                     break
         self.groups_joined = []
         layers.remove_listener(self)
-        if self.mode == "task_result" and self.task is not None and self.stream_id:
+        if self.mode == "task_result" and self.task is not None and self.stream_id and self.auth is not None:
             await database_sync_to_async(services.bind_result_stream)(
-                task=self.task, stream_id=None, only_if=self.stream_id
+                auth=self.auth, task=self.task, stream_id=None, only_if=self.stream_id
             )
 
     async def _join(self, group: str) -> None:
@@ -577,7 +585,10 @@ class McpConsumer(AsyncHttpConsumer):
                 marker={"_bind": {"taskId": self.task.task_id, "rid": self.result_request_id}},
             )
         await self._join(bus.task_group(self.task.task_id))
-        await database_sync_to_async(services.bind_result_stream)(task=self.task, stream_id=self.stream_id)
+        assert self.auth is not None
+        await database_sync_to_async(services.bind_result_stream)(
+            auth=self.auth, task=self.task, stream_id=self.stream_id
+        )
         await self._check_task()
         if not self.closed:
             self.background.append(asyncio.ensure_future(self._recheck_loop()))

@@ -50,6 +50,7 @@ def test_authorization_code_with_pkce_yields_a_token_bound_to_the_user(stack: St
     client_id = re.search(r"client_id=(\S+)", out).group(1)  # type: ignore[union-attr]
     stack.manage("shell", "-c",
                  "from django.contrib.auth.models import User; User.objects.create_user('pat', password='s3cret-pw')")
+    stack.manage("mcptasks_tenant", "member", "pkceco", "pat")
     verifier = secrets.token_urlsafe(48)
     challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
     query = urlencode({"response_type": "code", "client_id": client_id, "redirect_uri": REDIRECT,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from asgiref.sync import (
     async_to_sync,
     sync_to_async,  # noqa: I001
 )
+from channels.layers import channel_layers
 from channels.testing import HttpCommunicator
 from django.db import connection
 from hypothesis import HealthCheck, given, settings
@@ -39,8 +41,14 @@ INIT = {
 
 
 @pytest.fixture(autouse=True)
-def anonymous(settings: Any) -> None:  # noqa: F811  (pytest-django's settings fixture)
+def anonymous(settings: Any) -> Iterator[None]:  # noqa: F811  (pytest-django's settings fixture)
     settings.MCPTASKS = {**settings.MCPTASKS, "ALLOW_ANONYMOUS": True, "WORKER_POLL_S": 0.2}
+    # Each test here runs its own event loop in one process: the in-memory layer, since
+    # channels-redis keeps one receive loop per process (Redis is covered end to end in e2e).
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    channel_layers.backends = {}
+    yield
+    channel_layers.backends = {}
 
 
 async def post(body: Any, headers: list[tuple[bytes, bytes]] | None = None, *, raw: bytes | None = None,

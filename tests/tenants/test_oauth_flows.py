@@ -12,7 +12,7 @@ from django.test import Client
 
 from tenants.auth import AuthError, authenticate
 from tenants.models import ExternalIssuer
-from tenants.services import create_authorization_code_application, create_client_application
+from tenants.services import add_member, create_authorization_code_application, create_client_application
 
 pytestmark = pytest.mark.django_db
 
@@ -94,6 +94,7 @@ def test_wrong_client_secret(tenant: Any) -> None:
 
 def test_authorization_code_with_pkce(tenant: Any, resource_url: str, django_user_model: Any) -> None:
     user = django_user_model.objects.create_user(username="alice", password="pw")
+    add_member(tenant=tenant, user=user)
     redirect = "http://127.0.0.1:33418/callback"
     link, _ = create_authorization_code_application(tenant=tenant, name="inspector", redirect_uris=[redirect])
     client_id = link.application.client_id
@@ -134,6 +135,7 @@ def test_authorization_code_with_pkce(tenant: Any, resource_url: str, django_use
 
 def test_authorization_code_needs_pkce(tenant: Any, django_user_model: Any) -> None:
     user = django_user_model.objects.create_user(username="bob", password="pw")
+    add_member(tenant=tenant, user=user)
     redirect = "http://127.0.0.1:33418/callback"
     link, _ = create_authorization_code_application(tenant=tenant, name="x", redirect_uris=[redirect])
     browser = Client()

@@ -33,6 +33,11 @@ class Command(BaseCommand):
             "--grant", choices=["client-credentials", "authorization-code"], default="client-credentials"
         )
         p.add_argument("--redirect-uri", action="append", dest="redirect_uris", default=None)
+        p.add_argument("--scopes", nargs="+", default=None, help="scopes granted (default: mcp:tools mcp:tasks)")
+        p = sub.add_parser("member", help="make a user a member of a tenant (authorization-code tokens)")
+        p.add_argument("slug")
+        p.add_argument("username")
+        p.add_argument("--scopes", nargs="+", default=None, help="scopes allowed (default: mcp:tools mcp:tasks)")
         p = sub.add_parser("recount", help="repair the concurrency counters from the task table")
         p.add_argument("slug", nargs="?", default=None)
 
@@ -53,12 +58,15 @@ class Command(BaseCommand):
                 lines = cli.list_tenants()
             elif action == "recount":
                 lines = cli.recount(slug=options["slug"])
+            elif action == "member":
+                lines = cli.member(slug=options["slug"], username=options["username"], scopes=options["scopes"])
             else:
                 lines = cli.app(
                     slug=options["slug"],
                     name=options["name"],
                     grant=options["grant"],
                     redirect_uris=options["redirect_uris"],
+                    scopes=options["scopes"],
                 )
         except cli.CliError as exc:
             raise CommandError(str(exc)) from None
