@@ -8,8 +8,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 
 from . import conf
-
-DEV_SECRET_PREFIX = "dev-insecure-"
+from .hardening import DEV_SECRET_PREFIX
 
 
 @register(Tags.security, deploy=False)

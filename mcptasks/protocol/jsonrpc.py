@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
 
-from .errors import INVALID_REQUEST, PARSE_ERROR, McpError
+from .errors import INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR, McpError
 
 RequestId = StrictStr | StrictInt
 
@@ -58,12 +58,57 @@ class JSONRPCError(_Message):
 Message = JSONRPCRequest | JSONRPCNotification | JSONRPCResponse | JSONRPCError
 
 
+#: Deepest nesting of arrays and objects a message may have (deeper: a parse error).
+MAX_DEPTH = 64
+
+
 def loads(body: bytes) -> Any:
-    """Decode a body as UTF-8 JSON, raising -32700 on failure."""
+    """Decode a body as UTF-8 JSON, raising -32700 on failure (including absurd nesting)."""
     try:
-        return json.loads(body.decode("utf-8"))
+        obj = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise McpError(PARSE_ERROR, f"Parse error: {exc}") from None
+    except RecursionError:
+        raise McpError(PARSE_ERROR, f"Parse error: nested deeper than {MAX_DEPTH} levels") from None
+    if _depth_exceeds(obj, MAX_DEPTH):
+        raise McpError(PARSE_ERROR, f"Parse error: nested deeper than {MAX_DEPTH} levels")
+    return obj
+
+
+def _depth_exceeds(obj: Any, limit: int) -> bool:
+    stack = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict | list):
+            if depth > limit:
+                return True
+            children = value.values() if isinstance(value, dict) else value
+            stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def unstorable_string(obj: Any) -> str | None:
+    """The first string (key or value) in ``obj`` that cannot be stored or sent as text, if any.
+
+    NUL characters (PostgreSQL text refuses them) and unpaired surrogates (not encodable as
+    UTF-8) are accepted by the JSON parser but would fail deep inside a write.
+    """
+    stack = [obj]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            if "\x00" in value:
+                return "a NUL character"
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return "an unpaired surrogate"
+        elif isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return None
 
 
 def parse_message(obj: Any) -> Message:
@@ -74,6 +119,12 @@ def parse_message(obj: Any) -> Message:
         raise McpError(INVALID_REQUEST, "Invalid Request: a JSON-RPC message must be an object")
     if obj.get("jsonrpc") != "2.0":
         raise McpError(INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"')
+    bad = unstorable_string({k: v for k, v in obj.items() if k != "params"})
+    if bad is not None:
+        raise McpError(INVALID_REQUEST, f"Invalid Request: strings must not contain {bad}")
+    bad = unstorable_string(obj.get("params"))
+    if bad is not None:
+        raise McpError(INVALID_PARAMS, f"Invalid params: strings must not contain {bad}")
     try:
         if "method" in obj:
             if "id" in obj:

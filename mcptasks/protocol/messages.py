@@ -73,10 +73,15 @@ class CallToolParams(_Params):
     task: TaskMetadata | None = None
 
 
+#: What a task id this server issued looks like (``secrets.token_urlsafe``); anything else is
+#: refused with -32602 before any I/O.
+TASK_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
+
 class TaskIdParams(_Params):
     """``tasks/get``, ``tasks/result`` and ``tasks/cancel``."""
 
-    taskId: StrictStr
+    taskId: StrictStr = Field(pattern=TASK_ID_PATTERN)
 
 
 class ReadResourceParams(_Params):

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import secrets
 import weakref
 from typing import Any
@@ -34,9 +35,12 @@ from ..handlers import RequestContext, StreamReply, dispatcher, operation_class,
 from ..models import McpSession, StreamEvent, Task
 from ..protocol import jsonrpc, versions
 from ..protocol.errors import INTERNAL_ERROR, INVALID_REQUEST, TASK_EXPIRED, TASK_NOT_FOUND, McpError
+from ..protocol.messages import TASK_ID_PATTERN
 from . import sse
 
 logger = logging.getLogger(__name__)
+
+_TASK_ID = re.compile(TASK_ID_PATTERN)
 
 #: Consumers with an open SSE response in this process (closed with ``retry:`` on shutdown).
 _LIVE_STREAMS: weakref.WeakSet[McpConsumer] = weakref.WeakSet()
@@ -434,9 +438,10 @@ class McpConsumer(AsyncHttpConsumer):
             await database_sync_to_async(ratelimit.check_rate)(
                 auth=self.auth, op_class=operation_class(msg.method, msg.params)
             )
-            if msg.method == "tasks/get" and isinstance(msg.params, dict) and isinstance(msg.params.get("taskId"), str):
+            task_id = msg.params.get("taskId") if isinstance(msg.params, dict) else None
+            if msg.method == "tasks/get" and isinstance(task_id, str) and _TASK_ID.fullmatch(task_id):
                 # Polling faster than pollInterval costs an extra read (see tenants.ratelimit).
-                await database_sync_to_async(self._note_poll)(self.auth, msg.params["taskId"])
+                await database_sync_to_async(self._note_poll)(self.auth, task_id)
         except ratelimit.RateLimited as exc:
             await self._send_json(exc.http_status, jsonrpc.error_response(rid, exc), exc.http_headers())
             return

@@ -10,6 +10,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from mcptasks import hardening
 from mcptasks.worker import Worker
 
 
@@ -21,6 +22,7 @@ class Command(BaseCommand):
         parser.add_argument("--worker-id", default=None, help="Defaults to <hostname>-<pid>-<random>.")
 
     def handle(self, *args: Any, **opts: Any) -> None:
+        hardening.require_production_secret_key("worker")
         asyncio.run(self._main(opts["concurrency"], opts["worker_id"]))
 
     async def _main(self, concurrency: int | None, worker_id: str | None) -> None:

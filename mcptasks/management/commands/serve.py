@@ -8,6 +8,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
+from mcptasks import hardening
 from mcptasks.serving import DevServer
 
 
@@ -26,6 +27,7 @@ class Command(BaseCommand):
         # This is the local development server: the development SECRET_KEY is expected here
         # (production runs daphne, where check mcptasks.W001 still warns).
         settings.SILENCED_SYSTEM_CHECKS = [*settings.SILENCED_SYSTEM_CHECKS, "mcptasks.W001"]
+        hardening.allow_dev_secret_key()
         call_command("check")
         if not opts["no_migrate"]:
             call_command("migrate", interactive=False, verbosity=0)
