@@ -23,6 +23,7 @@ from mcptasks.transport.consumer import McpConsumer  # noqa: E402
 
 hardening.require_production_secret_key("web process")
 hardening.install_access_log_redaction()
+hardening.install_body_limit()
 
 _mcp_path = conf.get().MCP_PATH.strip("/")
 

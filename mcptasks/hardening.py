@@ -60,3 +60,64 @@ def install_access_log_redaction() -> None:
 
     AccessLogGenerator.write_entry = write_entry  # type: ignore[method-assign]
     AccessLogGenerator._mcptasks_redacted = True  # type: ignore[attr-defined]
+
+
+def _payload_too_large(limit: int) -> bytes:
+    body = (
+        '{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Payload Too Large: the limit is '
+        f'{limit} bytes"}}}}'
+    ).encode()
+    return (
+        b"HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+        + body
+    )
+
+
+def install_body_limit() -> None:
+    """Make daphne refuse an oversize request body while it arrives, not after buffering it.
+
+    Twisted reads the whole body (into memory or a temporary file) before the application is
+    called, so an application-level limit comes too late: a 200 MB POST cost ~200 MB and
+    seconds. This answers 413 and closes the connection as soon as ``Content-Length`` or the
+    received bytes pass ``MCPTASKS_MAX_BODY_BYTES`` (plus 64 KiB for framing).
+    """
+    try:
+        from daphne.http_protocol import WebRequest
+    except ImportError:  # another ASGI server: its own limits apply (see docs)
+        return
+    if getattr(WebRequest, "_mcptasks_body_limit", False):
+        return
+    from . import conf
+
+    original_got_length = WebRequest.gotLength
+    original_chunk = WebRequest.handleContentChunk
+
+    def refuse(self: Any) -> None:
+        self._mcptasks_refused = True
+        limit = conf.get().MAX_BODY_BYTES
+        transport = self.channel.transport
+        transport.write(_payload_too_large(limit))
+        transport.loseConnection()
+
+    def got_length(self: Any, length: int | None) -> None:
+        self._mcptasks_received = 0
+        self._mcptasks_refused = False
+        if length is not None and length > conf.get().MAX_BODY_BYTES + 65536:
+            original_got_length(self, 0)
+            refuse(self)
+            return
+        original_got_length(self, length)
+
+    def handle_chunk(self: Any, data: bytes) -> None:
+        if getattr(self, "_mcptasks_refused", False):
+            return
+        self._mcptasks_received = getattr(self, "_mcptasks_received", 0) + len(data)
+        if self._mcptasks_received > conf.get().MAX_BODY_BYTES + 65536:
+            refuse(self)
+            return
+        original_chunk(self, data)
+
+    WebRequest.gotLength = got_length  # type: ignore[method-assign]
+    WebRequest.handleContentChunk = handle_chunk  # type: ignore[method-assign]
+    WebRequest._mcptasks_body_limit = True  # type: ignore[attr-defined]

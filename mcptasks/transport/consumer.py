@@ -88,7 +88,7 @@ class McpConsumer(AsyncHttpConsumer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.body_size = 0
-        self.too_large = False
+        self.preflight_done = False
         self.streaming = False  # SSE headers sent; the consumer lives on after handle()
         self.closed = False
         self.stream_id: str | None = None
@@ -219,12 +219,24 @@ class McpConsumer(AsyncHttpConsumer):
             await self._check_task()
 
     async def http_request(self, message: dict[str, Any]) -> None:
-        """Collect the body (refusing oversize ones early), then handle; stay alive if streaming."""
+        """Collect the body, then handle; stay alive if streaming.
+
+        Nothing is buffered before the request has passed the Host/Origin rules and
+        authentication, and an oversize body is refused as soon as it is known to be one (by
+        ``Content-Length``, or when the streamed body passes the limit), not after reading it.
+        """
         chunk = message.get("body", b"")
+        if not self.preflight_done:
+            self.preflight_done = True
+            if await self._preflight():
+                raise StopConsumer()
         self.body_size += len(chunk)
         if self.body_size > conf.get().MAX_BODY_BYTES:
-            self.too_large = True
-        elif chunk:
+            await self._send_json(413, jsonrpc.error_response(
+                None, McpError(INVALID_REQUEST, f"Payload Too Large: the limit is {conf.get().MAX_BODY_BYTES} bytes")
+            ))
+            raise StopConsumer()
+        if chunk:
             self.body.append(chunk)
         if message.get("more_body"):
             return
@@ -239,6 +251,27 @@ class McpConsumer(AsyncHttpConsumer):
         if not self.streaming or self.closed:
             await self.disconnect()
             raise StopConsumer()
+
+    async def _preflight(self) -> bool:
+        """Refuse before reading the body: too large by Content-Length, bad Host/Origin, no auth.
+
+        Returns True when a response was sent.
+        """
+        try:
+            declared = self._header("content-length")
+            if declared.isdigit() and int(declared) > conf.get().MAX_BODY_BYTES:
+                raise HttpError(413, f"Payload Too Large: the limit is {conf.get().MAX_BODY_BYTES} bytes")
+            if self.scope.get("method") == "POST":
+                self._check_host_and_origin()
+                self._check_protocol_header()
+                self.auth = await self._authenticate()
+        except HttpError as exc:
+            await self._send_json(exc.status, exc.body, exc.headers)
+            return True
+        except AuthError as exc:
+            await self._send_json(exc.status, exc.body, exc.headers)
+            return True
+        return False
 
     async def disconnect(self) -> None:
         """Leave groups, stop background work, release a tasks/result stream binding."""
@@ -292,7 +325,8 @@ class McpConsumer(AsyncHttpConsumer):
             if method not in ("POST", "GET", "DELETE"):
                 raise HttpError(405, "Method not allowed", headers={"Allow": "GET, POST, DELETE, OPTIONS"})
             self._check_protocol_header()
-            self.auth = await self._authenticate()
+            if self.auth is None:
+                self.auth = await self._authenticate()
             if method == "POST":
                 await self._post(body)
             elif method == "GET":
@@ -377,8 +411,6 @@ class McpConsumer(AsyncHttpConsumer):
         ctype = self._header("content-type").split(";")[0].strip().lower()
         if ctype != "application/json":
             raise HttpError(415, "Unsupported Media Type: Content-Type must be application/json")
-        if self.too_large:
-            raise HttpError(413, f"Payload Too Large: the limit is {conf.get().MAX_BODY_BYTES} bytes")
         try:
             raw = jsonrpc.loads(body)
             msg = jsonrpc.parse_message(raw)
