@@ -241,6 +241,7 @@ TENANTS = {
     # ... and re-fetched on an unknown ``kid`` at most once per this many seconds.
     "JWKS_MIN_REFRESH_S": env.int("MCPTASKS_JWKS_MIN_REFRESH_S", default=30),
     "JWKS_HTTP_TIMEOUT_S": env.float("MCPTASKS_JWKS_HTTP_TIMEOUT_S", default=5.0),
+    "JWKS_FAILURE_CACHE_S": env.float("MCPTASKS_JWKS_FAILURE_CACHE_S", default=30.0),
     # Plain-http JWKS URLs are refused except on loopback hosts unless this is on.
     "JWKS_ALLOW_HTTP": env.bool("MCPTASKS_JWKS_ALLOW_HTTP", default=False),
     # Tenant limits are re-read from the database at least this often (admin edits apply live).

@@ -23,6 +23,8 @@ class TenantSettings:
     JWKS_CACHE_S: int = 3600
     JWKS_MIN_REFRESH_S: int = 30
     JWKS_HTTP_TIMEOUT_S: float = 5.0
+    #: A JWKS URL that failed is not tried again for this long (its tokens fail fast).
+    JWKS_FAILURE_CACHE_S: float = 30.0
     JWKS_ALLOW_HTTP: bool = False
     LIMITS_CACHE_S: float = 2.0
     #: Sign-in: failed attempts allowed per client address, and per username, in the window.

@@ -6,15 +6,24 @@ use (by default this server's canonical resource URI, RFC 8707) and which claims
 tenant, the principal and the scopes. JWKS documents are cached in the Django cache and
 re-fetched (at most every ``JWKS_MIN_REFRESH_S``) when a token names an unknown ``kid``.
 Tokens are never logged.
+
+Fetching never happens on a request's thread: the web process calls :func:`aprefetch` first,
+which fetches missing documents on a small executor of its own, one fetch per URL at a time
+(single flight: other requests await the same future, holding no thread), within a total
+deadline, without following redirects; failures are remembered for ``JWKS_FAILURE_CACHE_S``.
+A slow or dead identity provider therefore delays only the requests that need it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import ipaddress
 import json
 import logging
+import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -61,9 +70,17 @@ def fetch_jwks(url: str) -> dict[str, Any]:
     if parts.scheme == "http" and not (conf.get().JWKS_ALLOW_HTTP or _is_loopback(parts.hostname or "")):
         raise JwksUnavailable("plain-http JWKS URL refused (set MCPTASKS_JWKS_ALLOW_HTTP=1 to allow)")
     request = urllib.request.Request(url, headers={"Accept": "application/json"})  # noqa: S310
+    deadline = time.monotonic() + conf.get().JWKS_HTTP_TIMEOUT_S
     try:
-        with urllib.request.urlopen(request, timeout=conf.get().JWKS_HTTP_TIMEOUT_S) as resp:  # noqa: S310
-            raw = resp.read(_MAX_JWKS_BYTES + 1)
+        with _OPENER.open(request, timeout=conf.get().JWKS_HTTP_TIMEOUT_S) as resp:
+            raw = b""
+            while len(raw) <= _MAX_JWKS_BYTES:
+                if time.monotonic() > deadline:
+                    raise JwksUnavailable("JWKS fetch exceeded its deadline")
+                chunk = resp.read(65536)
+                if not chunk:
+                    break
+                raw += chunk
     except OSError as exc:
         raise JwksUnavailable(f"JWKS fetch failed: {exc}") from exc
     if len(raw) > _MAX_JWKS_BYTES:
@@ -77,6 +94,14 @@ def fetch_jwks(url: str) -> dict[str, Any]:
     return doc
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        raise JwksUnavailable("JWKS URL redirects; redirects are not followed")
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
 def _cache_key(url: str, kind: str) -> str:
     return f"tenants:jwks:{kind}:{hashlib.sha256(url.encode()).hexdigest()[:32]}"
 
@@ -86,16 +111,112 @@ def get_jwks(url: str, *, refresh: bool = False) -> dict[str, Any]:
     settings = conf.get()
     key = _cache_key(url, "doc")
     doc: dict[str, Any] | None = cache.get(key)
+    failed = cache.get(_cache_key(url, "failed"))
+    if doc is None and failed is not None:
+        raise JwksUnavailable(f"JWKS fetch failed recently: {failed}")
     if doc is not None and refresh:
         # One forced re-fetch per JWKS_MIN_REFRESH_S across all processes sharing the cache.
         if not cache.add(_cache_key(url, "refresh"), 1, timeout=settings.JWKS_MIN_REFRESH_S):
             return doc
         doc = None
     if doc is None:
-        doc = fetch_jwks(url)
-        cache.set(key, doc, timeout=settings.JWKS_CACHE_S)
-        cache.add(_cache_key(url, "refresh"), 1, timeout=settings.JWKS_MIN_REFRESH_S)
+        doc = _fetch_and_remember(url)
     return doc
+
+
+def _fetch_and_remember(url: str) -> dict[str, Any]:
+    settings = conf.get()
+    try:
+        doc = fetch_jwks(url)
+    except JwksUnavailable as exc:
+        cache.set(_cache_key(url, "failed"), str(exc)[:200], timeout=settings.JWKS_FAILURE_CACHE_S)
+        raise
+    cache.set(_cache_key(url, "doc"), doc, timeout=settings.JWKS_CACHE_S)
+    cache.delete(_cache_key(url, "failed"))
+    cache.add(_cache_key(url, "refresh"), 1, timeout=settings.JWKS_MIN_REFRESH_S)
+    return doc
+
+
+#: JWKS fetches run here, never on a request's thread or the shared database thread.
+_EXECUTOR = ThreadPoolExecutor(max_workers=4, thread_name_prefix="jwks")
+#: One fetch per URL at a time (per event loop): later requests await the same future.
+_in_flight: dict[tuple[int, str], asyncio.Future[Any]] = {}
+_issuer_urls: dict[str, tuple[float, list[str]]] = {}
+
+
+def _jwks_urls(iss: str) -> list[str]:
+    hit = _issuer_urls.get(iss)
+    now = time.monotonic()
+    if hit is not None and hit[0] > now:
+        return hit[1]
+    urls = sorted(
+        {u for u in ExternalIssuer.objects.filter(issuer=iss, active=True).values_list("jwks_url", flat=True) if u}
+    )
+    if len(_issuer_urls) > 1000:
+        _issuer_urls.clear()
+    _issuer_urls[iss] = (now + 5.0, urls)
+    return urls
+
+
+def _needs_fetch(url: str, kid: str | None) -> bool:
+    if cache.get(_cache_key(url, "failed")) is not None:
+        return False  # negative cache: fail fast until it expires
+    doc = cache.get(_cache_key(url, "doc"))
+    if doc is None:
+        return True
+    if kid is None or any(isinstance(k, dict) and k.get("kid") == kid for k in doc.get("keys", [])):
+        return False
+    # An unknown kid: one re-fetch per JWKS_MIN_REFRESH_S.
+    if cache.add(_cache_key(url, "refresh"), 1, timeout=conf.get().JWKS_MIN_REFRESH_S):
+        cache.delete(_cache_key(url, "doc"))
+        return True
+    return False
+
+
+async def aprefetch(token: str) -> None:
+    """Make sure the JWKS documents ``token`` needs are cached (or known to be failing).
+
+    Call before :func:`tenants.auth.authenticate` in async code. Never raises: verification
+    reports what went wrong.
+    """
+    if token.count(".") != 2:
+        return
+    try:
+        header = jwt.get_unverified_header(token)
+        iss = jwt.decode(token, options={"verify_signature": False}).get("iss")
+    except jwt.PyJWTError:
+        return
+    if not isinstance(iss, str) or len(iss) > 500:
+        return
+    from asgiref.sync import sync_to_async
+
+    kid = header.get("kid")
+    kid = str(kid) if kid is not None else None
+    urls = await sync_to_async(_jwks_urls, thread_sensitive=False)(iss)
+    loop = asyncio.get_running_loop()
+    deadline = conf.get().JWKS_HTTP_TIMEOUT_S
+    for url in urls:
+        if not _needs_fetch(url, kid):
+            continue
+        key = (id(loop), url)
+        future = _in_flight.get(key)
+        if future is None:
+            future = asyncio.ensure_future(asyncio.wait_for(
+                loop.run_in_executor(_EXECUTOR, _fetch_and_remember, url), timeout=deadline
+            ))
+            _in_flight[key] = future
+
+            def forget(_f: asyncio.Future[Any], k: tuple[int, str] = key) -> None:
+                _in_flight.pop(k, None)
+
+            future.add_done_callback(forget)
+        try:
+            await asyncio.shield(future)
+        except (JwksUnavailable, TimeoutError):
+            if cache.get(_cache_key(url, "failed")) is None:
+                cache.set(_cache_key(url, "failed"), "timed out", timeout=conf.get().JWKS_FAILURE_CACHE_S)
+        except Exception:
+            logger.warning("JWKS prefetch of an issuer failed", exc_info=True)
 
 
 def _pick_key(doc: dict[str, Any], *, kid: str | None, alg: str) -> Any | None:

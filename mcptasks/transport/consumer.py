@@ -26,7 +26,7 @@ from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
 from tenants import conf as tenants_conf
-from tenants import ratelimit
+from tenants import jwt_issuers, ratelimit
 from tenants.auth import AuthContext, AuthError, authenticate, insufficient_scope
 from tenants.selectors import effective_limits
 
@@ -386,6 +386,11 @@ class McpConsumer(AsyncHttpConsumer):
 
     async def _authenticate(self) -> AuthContext:
         qs = self.scope.get("query_string", b"").decode("latin-1")
+        scheme, _, token = self._header("authorization").strip().partition(" ")
+        if scheme.lower() == "bearer" and token:
+            # External JWTs: fetch signing keys here, off the shared database thread, so a
+            # slow identity provider delays only its own tokens.
+            await jwt_issuers.aprefetch(token.strip())
         return await database_sync_to_async(authenticate)(
             headers=self._headers(), query_string=qs, resource_url=self._resource_url()
         )

@@ -39,11 +39,14 @@ class JwksServer:
     def __init__(self) -> None:
         self.keys: list[dict[str, Any]] = []
         self.hits = 0
+        self.delay_s = 0.0  # a slow identity provider
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
                 outer.hits += 1
+                if outer.delay_s:
+                    time.sleep(outer.delay_s)
                 body = json.dumps({"keys": outer.keys}).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
