@@ -24,6 +24,8 @@ if env.str("MCPTASKS_ENV_FILE", default=""):
 DEBUG = env.bool("DEBUG", default=False)
 # The development key only ever signs local cookies/cursors; production must set SECRET_KEY
 # (system check mcptasks.W001 warns otherwise).
+# Encrypts secrets at rest (external issuers' shared secrets); see tenants/crypto.py.
+SECRETS_KEY = env.str("MCPTASKS_SECRETS_KEY", default="")
 SECRET_KEY = env.str("SECRET_KEY", default="dev-insecure-mcptasks-key-change-me-0123456789abcdef")
 ALLOWED_HOSTS: list[str] = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
 
@@ -150,6 +152,8 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+# Django 6 behaviour now: URL form fields assume https.
+FORMS_URLFIELD_ASSUME_HTTPS = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

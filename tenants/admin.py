@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from django import forms
 from django.contrib import admin
 
 from .models import ExternalIssuer, Principal, Tenant, TenantApplication, TenantMembership
@@ -46,8 +49,45 @@ class PrincipalAdmin(admin.ModelAdmin):
     readonly_fields = ("active_tasks", "created_at")
 
 
+class ExternalIssuerForm(forms.ModelForm):  # type: ignore[type-arg]
+    """The shared secret is write-only: never rendered back, kept when left blank."""
+
+    shared_secret = forms.CharField(
+        required=False,
+        widget=forms.PasswordInput(render_value=False),
+        help_text="Only for HS* algorithms. Stored encrypted and never shown again; leave blank to keep "
+        "the current one.",
+    )
+    clear_shared_secret = forms.BooleanField(required=False, help_text="Remove the stored shared secret.")
+
+    class Meta:
+        model = ExternalIssuer
+        fields = "__all__"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._stored_secret = self.instance.shared_secret if self.instance.pk else ""
+        self.initial["shared_secret"] = ""
+
+    def clean_shared_secret(self) -> str:
+        """A blank entry keeps the stored secret (unless cleared)."""
+        value = str(self.cleaned_data.get("shared_secret") or "")
+        if not value and not self.data.get("clear_shared_secret"):
+            return str(self._stored_secret)
+        return value
+
+    def clean(self) -> dict[str, Any]:
+        """Apply the clear checkbox."""
+        data = super().clean() or {}
+        if data.get("clear_shared_secret"):
+            data["shared_secret"] = ""
+            self.instance.shared_secret = ""
+        return data
+
+
 @admin.register(ExternalIssuer)
 class ExternalIssuerAdmin(admin.ModelAdmin):
+    form = ExternalIssuerForm
     list_display = ("issuer", "tenant", "active", "audience", "tenant_claim", "principal_claim", "algorithms")
     list_filter = ("active", "tenant")
     search_fields = ("issuer", "tenant__slug", "name")

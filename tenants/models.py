@@ -6,6 +6,8 @@ from django.conf import settings
 from django.db import models
 from oauth2_provider.settings import oauth2_settings
 
+from .crypto import EncryptedTextField
+
 #: Scopes a new application or membership may use until an operator grants more.
 LEAST_PRIVILEGE_SCOPES = "mcp:tools mcp:tasks"
 
@@ -145,8 +147,9 @@ class ExternalIssuer(models.Model):
     jwks_url = models.URLField(max_length=500, blank=True)
     # A JWKS document ({"keys": [...]}) used instead of (or before) jwks_url.
     static_keys = models.JSONField(null=True, blank=True)
-    # Only for HS* algorithms, which are refused unless this is set explicitly.
-    shared_secret = models.CharField(max_length=500, blank=True)
+    # Only for HS* algorithms, which are refused unless this is set explicitly. Stored
+    # encrypted (tenants.crypto) and never displayed after saving.
+    shared_secret = EncryptedTextField(blank=True, default="")
     # Expected ``aud``; blank means this server's canonical resource URI (RFC 8707).
     audience = models.CharField(max_length=500, blank=True)
     # Claim naming the tenant (blank: not checked) and its expected value (blank: the tenant slug).
