@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextvars
+import functools
 import inspect
 import json
 import re
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_type_hints
 
@@ -129,8 +132,14 @@ class Tool:
             raise ToolInputError(f"Invalid arguments for tool {self.name}: {problems}") from None
         return {name: getattr(model, name) for name in type(model).model_fields}
 
-    async def invoke(self, arguments: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-        """Run the tool (async directly, sync in a worker thread) and build a CallToolResult."""
+    async def invoke(
+        self, arguments: dict[str, Any], ctx: ToolContext, *, executor: Executor | None = None
+    ) -> dict[str, Any]:
+        """Run the tool (async directly, sync in ``executor``'s threads) and build a CallToolResult.
+
+        The worker passes an executor of its own for sync tools, sized from its concurrency, so
+        tool code never shares threads with lease renewal or heartbeats.
+        """
         kwargs = dict(arguments)
         if self.is_async:
             if self.ctx_param:
@@ -139,7 +148,13 @@ class Tool:
         else:
             if self.ctx_param:
                 kwargs[self.ctx_param] = SyncToolContext(ctx, asyncio.get_running_loop())
-            value = await asyncio.to_thread(self.fn, **kwargs)
+            if executor is None:
+                value = await asyncio.to_thread(self.fn, **kwargs)
+            else:
+                call = contextvars.copy_context().run
+                value = await asyncio.get_running_loop().run_in_executor(
+                    executor, functools.partial(call, self.fn, **kwargs)
+                )
         return to_call_tool_result(value, self.output_schema is not None)
 
 

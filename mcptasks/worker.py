@@ -17,11 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import logging
 import os
 import secrets
 import socket
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -71,21 +73,30 @@ def _db(fn: Any) -> Any:
     return sync_to_async(_reconnecting(fn), thread_sensitive=True)
 
 
-def _db_side(fn: Any) -> Any:
-    """Like :func:`_db` but on a pool thread with its own connection.
+class _LeaseThread:
+    """One thread of its own, with its own database connection, for heartbeats and renewals.
 
-    Lease renewals use it so they never queue behind the tools' database work: an overloaded
-    worker must still renew its leases, or its tasks would be re-run elsewhere. The pool thread
-    may be any of several, so the connection is closed after each call rather than left behind.
+    Lease renewal must never queue behind tool code or the tools' database work: sync tools
+    run in the worker's tool executor, async tools' ORM calls in the shared database thread,
+    and this thread does nothing but keep the worker's leases and heartbeat row alive.
     """
 
-    def inner(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            connection.close()
+    def __init__(self) -> None:
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mcptasks-lease")
 
-    return sync_to_async(inner, thread_sensitive=False)
+    def __call__(self, fn: Any) -> Any:
+        wrapped = _reconnecting(fn)
+
+        async def run(*args: Any, **kwargs: Any) -> Any:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self.executor, functools.partial(wrapped, *args, **kwargs))
+
+        return run
+
+    def shutdown(self) -> None:
+        """Close the thread's connection and stop it."""
+        self.executor.submit(connection.close)
+        self.executor.shutdown(wait=True)
 
 
 def tool_lock_key(tool_name: str) -> int:
@@ -233,6 +244,9 @@ class Worker:
         self._last_cleanup = 0.0
         self._last_reap = 0.0
         self._bg: set[asyncio.Future[Any]] = set()
+        #: Sync tools run here (never in the default executor, which others share).
+        self.tool_executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="mcptasks-tool")
+        self._lease = _LeaseThread()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._rejoining: asyncio.Future[Any] | None = None
         self._joined_at = 0.0
@@ -273,6 +287,9 @@ class Worker:
                 heart.cancel()
                 listener.cancel()
                 await _db(WorkerHeartbeat.objects.filter(worker_id=self.worker_id).delete)()
+                # Abandoned sync tools (handed back) may still run: don't wait for them.
+                self.tool_executor.shutdown(wait=False, cancel_futures=True)
+                self._lease.shutdown()
                 logger.info("worker %s stopped", self.worker_id)
 
     async def _drain(self, grace: float) -> None:
@@ -405,7 +422,7 @@ class Worker:
                         logger.warning("cancel check failed", exc_info=True)
 
     async def _heartbeat_row(self) -> None:
-        await _db(services.worker_heartbeat)(
+        await self._lease(services.worker_heartbeat)(
             worker_id=self.worker_id, hostname=socket.gethostname(), pid=os.getpid(),
             concurrency=self.concurrency, running=len(self.running), stopping=self.stopping,
         )
@@ -418,7 +435,7 @@ class Worker:
                 await self._heartbeat_row()
                 entries = {task_id: attempt for task_id, (_t, _b, attempt) in self.running.items()}
                 if entries:
-                    for task_id in await _db_side(self._renew)(entries):
+                    for task_id in await self._lease(self._renew)(entries):
                         await self._cancel_local(task_id)
                 await self._maybe_reap()
             except asyncio.CancelledError:
@@ -614,7 +631,7 @@ class Worker:
         try:
             arguments = tool.validate_arguments((task.params or {}).get("arguments"))
             async with asyncio.timeout(tool.timeout_s) as timeout_cm:
-                result = await tool.invoke(arguments, ctx)
+                result = await tool.invoke(arguments, ctx, executor=self.tool_executor)
         except ToolInputError as exc:
             await self._finish(task, attempt, TaskStatus.FAILED, str(exc),
                                {"content": [{"type": "text", "text": str(exc)}], "isError": True}, None)

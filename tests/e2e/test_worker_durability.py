@@ -1,0 +1,35 @@
+"""Durable execution under load: sync tools never starve lease renewal (issue 11 item 1)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import require_multiprocess
+from tests.e2e.live_support import wait_status
+from tests.support.client import McpClient
+from tests.support.servers import FAST_SETTINGS, Proc, Stack
+
+CONCURRENCY = 8
+LEASE_S = float(FAST_SETTINGS["MCPTASKS_WORKER_LEASE_S"])
+
+
+@pytest.fixture(scope="module")
+def web(stack: Stack) -> Iterator[Proc]:
+    if not stack.multi_process:
+        require_multiprocess()
+    procs = [stack.daphne(embedded_worker=False), stack.worker(concurrency=CONCURRENCY)]
+    yield procs[0]
+    for p in procs:
+        p.terminate(timeout=15)
+
+
+def test_a_full_worker_of_sync_tools_keeps_every_lease(web: Proc) -> None:
+    """concurrency x sync tools running for 3x the lease: none lost, none re-run."""
+    with McpClient(web.url) as c:
+        c.initialize()
+        ms = int(LEASE_S * 3 * 1000)
+        sync_ids = [c.call_task("demo_sync_sleep", {"ms": ms})["taskId"] for _ in range(CONCURRENCY)]
+        finals = [wait_status(c, tid, {"completed", "failed", "cancelled"}, timeout=60) for tid in sync_ids]
+    assert [t["status"] for t in finals] == ["completed"] * CONCURRENCY, [t.get("statusMessage") for t in finals]
