@@ -15,7 +15,7 @@ import secrets
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from tenants import quotas
@@ -24,6 +24,7 @@ from tenants.selectors import effective_limits
 
 from . import bus, conf
 from .models import (
+    TERMINAL,
     AuditEvent,
     McpSession,
     StreamCursor,
@@ -402,7 +403,14 @@ def cleanup_expired(*, batch_size: int | None = None, max_batches: int = 1000) -
             break
     req_cutoff = now - dt.timedelta(seconds=settings.REQUEST_RETENTION_S)
     for _ in range(max_batches):
-        n = _delete_batch(Q(kind=Task.Kind.REQUEST, last_updated_at__lte=req_cutoff), batch, release=False)
+        # Only finished plain requests, or ones whose session is gone: a long tools/call that is
+        # still running (its row untouched for a while) is never deleted under its client.
+        live_sessions = McpSession.objects.filter(pk=OuterRef("session_id"))
+        n = _delete_batch(
+            Q(kind=Task.Kind.REQUEST, last_updated_at__lte=req_cutoff)
+            & (Q(status__in=TERMINAL) | Q(~Exists(live_sessions))),
+            batch, release=False,
+        )
         counts["requests"] += n
         if n < batch:
             break

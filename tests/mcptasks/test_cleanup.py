@@ -116,3 +116,53 @@ def test_concurrent_cleaners_never_delete_the_same_rows_twice() -> None:
     assert list(Task.objects.filter(principal_id=auth.principal_id).values_list("pk", flat=True)) == [keep.pk]
     # Each slot was released exactly once: only the kept task still holds one.
     assert Principal.objects.get(pk=auth.principal_id).active_tasks == 1
+
+
+def _plain_request(auth: Any, session: Any, *, idle_s: float) -> Task:
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from tests.mcptasks.conftest import demo_tool
+
+    row = services.create_task(
+        auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1}, request_id=f"r{idle_s}",
+        progress_token=None, kind=Task.Kind.REQUEST, stream_id="p" + "0" * 16,
+    )
+    Task.objects.filter(pk=row.pk).update(last_updated_at=timezone.now() - dt.timedelta(seconds=idle_s))
+    return row
+
+
+@pytest.mark.django_db
+def test_cleanup_never_deletes_a_running_plain_request(settings: Any) -> None:
+    """Issue 11 item 3: a long tools/call whose row is untouched for a while is still running."""
+    settings.MCPTASKS = {**settings.MCPTASKS, "REQUEST_RETENTION_S": 60}
+    auth = make_auth()
+    session = make_session(auth)
+    running = _plain_request(auth, session, idle_s=3600)
+    finished = _plain_request(auth, session, idle_s=3600)
+    Task.objects.filter(pk=finished.pk).update(status=TaskStatus.COMPLETED)
+    services.cleanup_expired()
+    assert Task.objects.filter(pk=running.pk).exists()
+    assert not Task.objects.filter(pk=finished.pk).exists()
+    # Once its session is gone, even a running request is swept.
+    session.delete()
+    services.cleanup_expired()
+    assert not Task.objects.filter(pk=running.pk).exists()
+
+
+def test_request_retention_is_read_from_the_environment() -> None:
+    """Every documented variable is read: MCPTASKS_REQUEST_RETENTION_S was not."""
+    import subprocess
+    import sys
+
+    from tests.support.servers import REPO
+
+    out = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup(); from mcptasks import conf; "
+         "print(conf.get().REQUEST_RETENTION_S)"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+        env={"PATH": "/usr/bin:/bin", "DJANGO_SETTINGS_MODULE": "mcptasks.settings",
+             "MCPTASKS_REQUEST_RETENTION_S": "1234", "DATABASE_URL": "sqlite:////tmp/x.sqlite3"},
+    )
+    assert out.stdout.strip() == "1234", out.stderr[-1000:]
