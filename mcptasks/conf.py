@@ -37,6 +37,8 @@ class AppSettings:
     WORKER_POLL_S: float = 2.0
     WORKER_SHUTDOWN_GRACE_S: float = 20.0
     TASK_MAX_ATTEMPTS: int = 3
+    #: Largest tool result (JSON bytes) stored; a larger one fails its task with a clear message.
+    RESULT_MAX_BYTES: int = 16 * 1024 * 1024
     #: Channel layer (Redis): socket read timeout. Must exceed the layer's 5 s blocking read.
     REDIS_SOCKET_TIMEOUT_S: float = 10.0
     #: Channel layer (Redis): connect timeout.

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import functools
+import json
 import logging
 import os
 import secrets
@@ -38,6 +39,7 @@ from . import bus, conf, layers, services
 from .context import ToolCancelled, ToolContext
 from .models import McpSession, Task, TaskMessage, TaskStatus, WorkerHeartbeat
 from .protocol.errors import CAPABILITY_MISSING, INTERNAL_ERROR, McpError
+from .protocol.jsonrpc import unstorable_string
 from .protocol.messages import related_task_meta
 from .registry import Registry, ToolInputError, registry
 
@@ -46,6 +48,24 @@ logger = logging.getLogger(__name__)
 #: The statusMessage of a non-retryable task whose worker died (documented; tests rely on it).
 WORKER_LOST = "worker lost during execution"
 LIVE = (TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED)
+def storable_problem(result: dict[str, Any] | None) -> str | None:
+    """Why a tool's result cannot be stored and sent (None if it can): not JSON, text that
+    PostgreSQL or UTF-8 refuse, or larger than ``MCPTASKS_RESULT_MAX_BYTES``."""
+    if result is None:
+        return None
+    try:
+        encoded = json.dumps(result, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        return f"not JSON-serialisable ({str(exc)[:120]})"
+    bad = unstorable_string(result)
+    if bad is not None:
+        return f"it contains {bad}"
+    limit = conf.get().RESULT_MAX_BYTES
+    if len(encoded.encode("utf-8", "surrogatepass")) > limit:
+        return f"larger than the {limit}-byte limit"
+    return None
+
+
 #: Re-add the worker to its channel-layer groups this often (the layer expires memberships).
 GROUP_REFRESH_S = 3600.0
 
@@ -509,7 +529,10 @@ class Worker:
             base = runnable.exclude(tool_name__in=full) if full else runnable
             # The client's capabilities come along in the same query (tools may ask for them).
             caps = McpSession.objects.filter(pk=OuterRef("session_id")).values("client_capabilities")[:1]
-            qs = base.order_by("seq").annotate(client_caps=Subquery(caps))
+            # So are the tenant and principal the tool acts for (ToolContext.tenant / .principal).
+            qs = base.order_by("seq").annotate(
+                client_caps=Subquery(caps), tenant_slug=F("tenant__slug"), principal_ident=F("principal__identifier")
+            )
             if on_pg:
                 qs = qs.select_for_update(skip_locked=True, of=("self",))
             claimed: list[Task] = []
@@ -626,6 +649,7 @@ class Worker:
         ctx = ToolContext(
             backend, task_id=task.task_id if task.kind == Task.Kind.TASK else None,
             request_id=task.request_id, session_id=task.session_id, attempt=attempt,
+            tenant=getattr(task, "tenant_slug", None), principal=getattr(task, "principal_ident", None),
         )
         timeout_cm: asyncio.Timeout | None = None
         try:
@@ -688,6 +712,15 @@ class Worker:
         self, task: Task, attempt: int, status: str, message: str | None,
         result: dict[str, Any] | None, error: dict[str, Any] | None,
     ) -> None:
+        problem = storable_problem(result)
+        if problem is not None:
+            # Checked before the write: an unstorable result fails the task at once with a clear
+            # message, instead of raising inside the final write and waiting for the lease.
+            logger.warning("task %s: tool %s returned a result that cannot be stored: %s",
+                           task.task_id, task.tool_name, problem)
+            status, result = TaskStatus.FAILED, None
+            message = f"Tool returned a result that cannot be stored: {problem}"
+            error = {"code": INTERNAL_ERROR, "message": message}
         ok = await _db(services.transition)(
             task=task, to=status, status_message=message, result=result, error=error, attempt=attempt
         )

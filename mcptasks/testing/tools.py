@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from django.db import connection, transaction
 
-from mcptasks.registry import SyncToolContext, ToolContext, resource, tool
+from mcptasks.registry import SyncToolContext, ToolContext, ToolResult, resource, text, tool
 
 from .models import RunRecord
 
@@ -104,3 +105,18 @@ async def test_stamp() -> dict[str, float]:
 async def test_tick(n: int = 0, ctx: ToolContext | None = None) -> str:
     assert ctx is not None
     return f"tick {n} attempt {ctx.attempt}"
+
+
+@tool(task_support="optional", retryable=True,
+      description="Returns a result that cannot be stored (kind: nul|object|huge).")
+async def test_unstorable(kind: str = "nul") -> ToolResult | dict[str, Any]:
+    if kind == "nul":
+        return ToolResult(content=[text("before\x00after")])
+    if kind == "object":
+        return {"content": [text("ok")], "structuredContent": {"when": object()}}
+    return ToolResult(content=[text("x" * (17 * 1024 * 1024))])
+
+
+@tool(task_support="optional", description="Says which tenant and principal it runs for.")
+async def test_whoami(ctx: ToolContext) -> str:
+    return f"{ctx.tenant}/{ctx.principal}"

@@ -33,3 +33,32 @@ def test_a_full_worker_of_sync_tools_keeps_every_lease(web: Proc) -> None:
         sync_ids = [c.call_task("demo_sync_sleep", {"ms": ms})["taskId"] for _ in range(CONCURRENCY)]
         finals = [wait_status(c, tid, {"completed", "failed", "cancelled"}, timeout=60) for tid in sync_ids]
     assert [t["status"] for t in finals] == ["completed"] * CONCURRENCY, [t.get("statusMessage") for t in finals]
+
+
+@pytest.mark.parametrize("kind", ["nul", "object", "huge"])
+def test_an_unstorable_result_fails_the_task_at_once(web: Proc, kind: str) -> None:
+    """Issue 11 item 4: no wedged task, no retry of a retryable tool, a clear message."""
+    import time
+
+    with McpClient(web.url) as c:
+        c.initialize()
+        t0 = time.monotonic()
+        tid = c.call_task("test_unstorable", {"kind": kind})["taskId"]
+        final = wait_status(c, tid, {"completed", "failed", "cancelled"}, timeout=30)
+        took = time.monotonic() - t0
+        assert final["status"] == "failed", final
+        assert "cannot be stored" in final.get("statusMessage", ""), final
+        assert took < LEASE_S, f"took {took:.1f} s: waited for the lease instead of failing at once"
+        err = c.request("tasks/result", {"taskId": tid}).message
+        assert err is not None and err["error"]["code"] == -32603, err
+
+
+def test_tools_know_their_tenant_and_principal(web: Proc, stack: Stack) -> None:
+    """Issue 11 item 6: ToolContext.tenant / .principal are set in the worker."""
+    token = stack.token("whoco", "robot")
+    with McpClient(web.url, token=token) as c:
+        c.initialize()
+        tid = c.call_task("test_whoami", {})["taskId"]
+        result = c.request("tasks/result", {"taskId": tid}).result
+    assert result["content"][0]["text"].startswith("whoco/")
+    assert result["content"][0]["text"] != "whoco/None"
