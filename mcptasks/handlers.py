@@ -13,6 +13,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.core import signing
+from django.db import InterfaceError, OperationalError
 
 from tenants.auth import AuthContext
 
@@ -66,7 +67,8 @@ class RequestContext:
     new_session: McpSession | None = None
 
 
-dispatcher: Dispatcher[RequestContext] = Dispatcher()
+#: A database outage is the transport's to answer (503 + Retry-After), not a handler crash.
+dispatcher: Dispatcher[RequestContext] = Dispatcher(passthrough=(OperationalError, InterfaceError))
 
 
 def _session(ctx: RequestContext) -> McpSession:

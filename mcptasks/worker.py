@@ -48,6 +48,8 @@ logger = logging.getLogger(__name__)
 #: The statusMessage of a non-retryable task whose worker died (documented; tests rely on it).
 WORKER_LOST = "worker lost during execution"
 LIVE = (TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED)
+
+
 def storable_problem(result: dict[str, Any] | None) -> str | None:
     """Why a tool's result cannot be stored and sent (None if it can): not JSON, text that
     PostgreSQL or UTF-8 refuse, or larger than ``MCPTASKS_RESULT_MAX_BYTES``."""
@@ -721,12 +723,37 @@ class Worker:
             status, result = TaskStatus.FAILED, None
             message = f"Tool returned a result that cannot be stored: {problem}"
             error = {"code": INTERNAL_ERROR, "message": message}
-        ok = await _db(services.transition)(
-            task=task, to=status, status_message=message, result=result, error=error, attempt=attempt
-        )
+        ok = await self._write_outcome(task, attempt, status, message, result, error)
         if not ok:
             logger.info("late outcome of task %s attempt %d discarded (no longer live or superseded)",
                         task.task_id, attempt)
+
+    async def _write_outcome(
+        self, task: Task, attempt: int, status: str, message: str | None,
+        result: dict[str, Any] | None, error: dict[str, Any] | None,
+    ) -> bool:
+        """Write a run's outcome, retrying through a database outage while the lease lasts.
+
+        A tool that succeeded must not be reported lost (or re-run) because the database was
+        briefly away when it finished: the write is retried with backoff for up to one lease
+        (nobody else can claim the task before it lapses), each failure logged.
+        """
+        deadline = asyncio.get_running_loop().time() + conf.get().WORKER_LEASE_S
+        delay = 0.2
+        while True:
+            try:
+                return bool(await _db(services.transition)(
+                    task=task, to=status, status_message=message, result=result, error=error, attempt=attempt
+                ))
+            except (OperationalError, InterfaceError) as exc:
+                if asyncio.get_running_loop().time() + delay > deadline:
+                    logger.error("task %s: giving up writing its outcome (%s); its lease will lapse",
+                                 task.task_id, type(exc).__name__)
+                    return False
+                logger.warning("task %s: database unavailable writing its outcome (%s); retrying in %.1f s",
+                               task.task_id, type(exc).__name__, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     async def _maybe_cleanup(self) -> None:
         if not self.run_cleanup:

@@ -36,8 +36,10 @@ class Route:
 class Dispatcher(Generic[CtxT]):
     """Maps method names to handlers and turns every failure into an :class:`McpError`."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, passthrough: tuple[type[Exception], ...] = ()) -> None:
         self._routes: dict[str, Route] = {}
+        # Exceptions the transport answers itself (e.g. "database unavailable": 503, retry).
+        self.passthrough = passthrough
 
     def register(
         self, method: str, params: type[BaseModel], *, before_init: bool = False
@@ -83,7 +85,9 @@ class Dispatcher(Generic[CtxT]):
             return await route.handler(ctx, model)
         except McpError:
             raise
-        except Exception:
+        except Exception as exc:
+            if isinstance(exc, self.passthrough):
+                raise
             # Logged with the traceback here; the peer only learns that it failed.
             logger.exception("handler for %s crashed", method)
             raise McpError(INTERNAL_ERROR, "Internal error") from None

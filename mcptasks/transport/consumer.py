@@ -23,6 +23,7 @@ from channels.generic.http import AsyncHttpConsumer
 from channels.layers import get_channel_layer
 from channels.utils import await_many_dispatch
 from django.conf import settings
+from django.db import InterfaceError, OperationalError
 from django.http.request import split_domain_port, validate_host
 
 from tenants import conf as tenants_conf
@@ -242,6 +243,17 @@ class McpConsumer(AsyncHttpConsumer):
             return
         try:
             await self.handle(b"".join(self.body))
+        except (OperationalError, InterfaceError) as exc:
+            # The database is away: a retryable 503, never a 500 or a hang.
+            logger.warning("database unavailable: %s", type(exc).__name__)
+            if not self.streaming:
+                await self._send_json(
+                    503,
+                    jsonrpc.error_response(None, McpError(INTERNAL_ERROR, "Service temporarily unavailable")),
+                    {"Retry-After": "5"},
+                )
+            else:
+                await self._close(hint_retry=True)
         except Exception:
             logger.exception("MCP transport error")
             if not self.streaming:

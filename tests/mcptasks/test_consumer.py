@@ -221,3 +221,24 @@ async def test_an_event_arriving_early_pulls_the_one_still_in_flight_from_the_st
     assert text.count('"method":"a"') == 1 and text.count('"method":"b"') == 1
     await comm.send_input({"type": "http.disconnect"})
     await sync_to_async(lambda: connection.close())()  # asgiref's sync thread used one
+
+
+async def test_database_outage_is_a_503_with_retry_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 11 item 5: while the database is away the answer is 503 + Retry-After, never 500."""
+    from django.db import OperationalError
+
+    from mcptasks import selectors
+
+    headers = await initialize()
+
+    def unavailable(**_: Any) -> Any:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(selectors, "get_task", unavailable)
+    response = await post({"jsonrpc": "2.0", "id": 5, "method": "tasks/get", "params": {"taskId": "abc"}}, headers)
+    assert response["status"] == 503
+    assert headers_of(response)["retry-after"] == "5"
+    assert json.loads(response["body"])["error"]["code"] == -32603
+    monkeypatch.setattr(selectors, "get_session", unavailable)
+    response = await post({"jsonrpc": "2.0", "id": 6, "method": "ping"}, headers)
+    assert response["status"] == 503

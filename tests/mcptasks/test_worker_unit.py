@@ -159,3 +159,29 @@ def test_progress_stops_at_terminal_status() -> None:
         async_to_sync(backend.progress)(2, 2, "done")
     assert StreamEvent.objects.filter(data__contains='"progressToken":"tok"').count() == 1
     assert backend.cancelled
+
+
+@pytest.mark.django_db
+def test_outcome_write_is_retried_through_a_database_outage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 11 item 5: a finished run is not reported lost because the database blinked."""
+    import asyncio
+    import types
+
+    from django.db import OperationalError
+
+    from mcptasks import services as svc
+    from mcptasks.worker import Worker
+
+    calls: list[int] = []
+
+    def flaky_transition(**kwargs: Any) -> bool:
+        calls.append(1)
+        if len(calls) < 3:
+            raise OperationalError("the database system is shutting down")
+        return True
+
+    monkeypatch.setattr(svc, "transition", flaky_transition)
+    worker = Worker(concurrency=1, run_cleanup=False)
+    task: Any = types.SimpleNamespace(task_id="t-1")  # only passed through to the patched transition
+    ok = asyncio.run(worker._write_outcome(task, 1, "completed", None, {"content": []}, None))
+    assert ok is True and len(calls) == 3
