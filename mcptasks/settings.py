@@ -100,7 +100,9 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     if env.str("MCPTASKS_TEST_SQLITE_FILE", default=""):
         _db["TEST"]["NAME"] = env.str("MCPTASKS_TEST_SQLITE_FILE")
 elif _db["ENGINE"].startswith("django.db.backends.postgresql"):
-    _db.setdefault("CONN_MAX_AGE", env.int("MCPTASKS_CONN_MAX_AGE", default=0))
+    # Persistent connections (health-checked before reuse): a new PostgreSQL connection per
+    # request was the largest single cost of the request path.
+    _db.setdefault("CONN_MAX_AGE", env.int("MCPTASKS_CONN_MAX_AGE", default=600))
     _db.setdefault("CONN_HEALTH_CHECKS", True)
 
 REDIS_URL = env.str("REDIS_URL", default="")
