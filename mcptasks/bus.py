@@ -159,6 +159,16 @@ def signal_session(session_id: str, event: str) -> None:
     _layer_send(session_group(session_id), {"type": "session.signal", "event": event})
 
 
-def store_marker(*, session_id: str, stream_id: str, marker: dict[str, Any]) -> None:
-    """Store a bookkeeping event on a stream (never sent to the client, read back on resume)."""
-    _append(session_id=session_id, stream_id=stream_id, data=json.dumps(marker))
+def bind_stream(*, session_id: str, stream_id: str, task_id: str, rpc_id: str | int | None) -> None:
+    """Record on the stream's cursor row that it answers ``tasks/result`` ``rpc_id`` for ``task_id``."""
+    StreamCursor.objects.update_or_create(
+        stream_id=stream_id, defaults={"session_id": session_id, "task_id": task_id, "rpc_id": rpc_id}
+    )
+
+
+def stream_binding(*, session_id: str, stream_id: str) -> dict[str, Any] | None:
+    """``{"taskId", "rid"}`` of a tasks/result stream of ``session_id``, or None."""
+    row = StreamCursor.objects.filter(stream_id=stream_id, session_id=session_id).values("task_id", "rpc_id").first()
+    if row is None or not row["task_id"]:
+        return None
+    return {"taskId": row["task_id"], "rid": row["rpc_id"]}

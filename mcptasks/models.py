@@ -196,6 +196,11 @@ class StreamCursor(models.Model):
     session_id = models.CharField(max_length=64, db_index=True)
     last_seq = models.BigIntegerField(default=0)
     updated_at = models.DateTimeField(auto_now=True, db_index=True)
+    # A tasks/result stream remembers which task and request id it answers for as long as the
+    # stream may be resumed (the row lives as long as its session), not in an event that
+    # retention deletes: a client can resume it however long the task runs.
+    task_id = models.CharField(max_length=64, blank=True, default="")
+    rpc_id = models.JSONField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.stream_id}@{self.last_seq}"

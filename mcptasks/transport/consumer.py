@@ -634,9 +634,9 @@ class McpConsumer(AsyncHttpConsumer):
         if not resumed:
             # Remember which task and request id this stream answers: a client that resumes it
             # with Last-Event-ID (after a drop or a server-side close) still gets the result.
-            await database_sync_to_async(bus.store_marker)(
+            await database_sync_to_async(bus.bind_stream)(
                 session_id=self.task.session_id, stream_id=self.stream_id,
-                marker={"_bind": {"taskId": self.task.task_id, "rid": self.result_request_id}},
+                task_id=self.task.task_id, rpc_id=self.result_request_id,
             )
         await self._join(bus.task_group(self.task.task_id))
         assert self.auth is not None
@@ -737,7 +737,8 @@ class McpConsumer(AsyncHttpConsumer):
         if parsed is None:
             raise HttpError(400, "Bad Request: malformed Last-Event-ID")
         stream_id, seq = parsed
-        owned = stream_id == bus.get_stream_id(session.pk) or await database_sync_to_async(
+        binding = await database_sync_to_async(bus.stream_binding)(session_id=session.pk, stream_id=stream_id)
+        owned = binding is not None or stream_id == bus.get_stream_id(session.pk) or await database_sync_to_async(
             StreamEvent.objects.filter(stream_id=stream_id, session_id=session.pk).exists
         )() or await database_sync_to_async(
             Task.objects.filter(stream_id=stream_id, session_id=session.pk).exists
@@ -756,13 +757,13 @@ class McpConsumer(AsyncHttpConsumer):
         await self._start_sse(priming_id=bus.priming_id(stream_id, seq))
         self.next_seq = seq + 1
         events = await self._stored_events(stream_id, 0 if stream_id.startswith("r") else seq)
-        marker: dict[str, Any] | None = None
+        marker: dict[str, Any] | None = binding
         for ev in events:
             # Requests already sent on this stream (seen, or about to be replayed) are not
             # queued on it a second time.
             payload = json.loads(ev.data)
             if "_bind" in payload:
-                marker = payload["_bind"]
+                marker = marker or payload["_bind"]  # streams bound before the cursor columns
             elif "method" in payload and "id" in payload:
                 self.sent_rpc_ids.add(str(payload["id"]))
         await self._replay([ev for ev in events if ev.seq > seq])

@@ -62,3 +62,36 @@ def test_tools_know_their_tenant_and_principal(web: Proc, stack: Stack) -> None:
         result = c.request("tasks/result", {"taskId": tid}).result
     assert result["content"][0]["text"].startswith("whoco/")
     assert result["content"][0]["text"] != "whoco/None"
+
+
+@pytest.fixture(scope="module")
+def short_retention(stack: Stack) -> Iterator[Proc]:
+    if not stack.multi_process:
+        require_multiprocess()
+    env = {"MCPTASKS_SSE_RETENTION_S": "1", "MCPTASKS_CLEANUP_INTERVAL_S": "0.5", "MCPTASKS_SSE_MAX_STREAM_S": "2",
+           "MCPTASKS_SSE_KEEPALIVE_S": "0.5"}
+    procs = [stack.daphne(embedded_worker=False, extra_env=env), stack.worker(concurrency=2, extra_env=env)]
+    yield procs[0]
+    for p in procs:
+        p.terminate(timeout=15)
+
+
+def test_tasks_result_resumes_long_after_event_retention(short_retention: Proc) -> None:
+    """Issue 11 item 2: a task outliving retention several times over still delivers its result."""
+    import time
+
+    with McpClient(short_retention.url) as c:
+        c.initialize()
+        tid = c.call_task("demo_sleep", {"ms": 8000})["taskId"]
+        reply = c.request("tasks/result", {"taskId": tid})
+        resumes = 0
+        deadline = time.monotonic() + 40
+        while reply.message is None and time.monotonic() < deadline:
+            ids = [e.id for e in reply.events if e.id]
+            assert ids, "the stream gave no event id to resume from"
+            time.sleep(0.3)
+            reply = c.resume(ids[-1], method="tasks/result")
+            assert reply.status == 200, reply.body
+            resumes += 1
+    assert resumes >= 3, "the connection was expected to be cut several times"
+    assert reply.result["content"] == [{"type": "text", "text": "Slept for 8000 ms"}]
