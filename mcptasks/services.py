@@ -118,8 +118,8 @@ def create_task(
     expires = now + dt.timedelta(milliseconds=ttl) if ttl is not None else None
     max_attempts = conf.get().TASK_MAX_ATTEMPTS if tool.retryable else 1
     with transaction.atomic():
-        if kind == Task.Kind.TASK:
-            quotas.acquire_task_slot(tenant_id=auth.tenant_id, principal_id=auth.principal_id)
+        # Every run takes a slot, plain calls included: they occupy workers just the same.
+        quotas.acquire_task_slot(tenant_id=auth.tenant_id, principal_id=auth.principal_id)
         task = Task.objects.create(
             kind=kind,
             tenant_id=auth.tenant_id,
@@ -184,7 +184,7 @@ def transition(
         flt &= Q(attempt=attempt)
     with transaction.atomic():
         changed = Task.objects.filter(flt).update(**updates)
-        if changed and terminal and task.kind == Task.Kind.TASK:
+        if changed and terminal:
             quotas.release_task_slot(tenant_id=task.tenant_id, principal_id=task.principal_id)
         if changed and terminal:
             # Unanswered server->client requests die with their task.
@@ -409,7 +409,7 @@ def cleanup_expired(*, batch_size: int | None = None, max_batches: int = 1000) -
         n = _delete_batch(
             Q(kind=Task.Kind.REQUEST, last_updated_at__lte=req_cutoff)
             & (Q(status__in=TERMINAL) | Q(~Exists(live_sessions))),
-            batch, release=False,
+            batch, release=True,
         )
         counts["requests"] += n
         if n < batch:

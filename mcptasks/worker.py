@@ -30,7 +30,8 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.db import InterfaceError, OperationalError, connection, transaction
-from django.db.models import F, OuterRef, Q, Subquery
+from django.db.models import F, OuterRef, Q, Subquery, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from tenants import conf as tenants_conf
@@ -531,14 +532,23 @@ class Worker:
             base = runnable.exclude(tool_name__in=full) if full else runnable
             # The client's capabilities come along in the same query (tools may ask for them).
             caps = McpSession.objects.filter(pk=OuterRef("session_id")).values("client_capabilities")[:1]
+            # Fair across tenants: the oldest runnable task of every tenant comes first, then each
+            # tenant's second, and so on, so one tenant's backlog never starves another tenant.
+            # (Ranked without locks; the rows are then locked, re-checked, in that order.)
+            fair = list(
+                base.annotate(turn=Window(RowNumber(), partition_by=[F("tenant_id")], order_by=F("seq").asc()))
+                .order_by("turn", "seq")
+                .values_list("pk", flat=True)[: limit * 4]
+            )
+            position = {pk: i for i, pk in enumerate(fair)}
             # So are the tenant and principal the tool acts for (ToolContext.tenant / .principal).
-            qs = base.order_by("seq").annotate(
+            qs = base.filter(pk__in=fair).order_by("seq").annotate(
                 client_caps=Subquery(caps), tenant_slug=F("tenant__slug"), principal_ident=F("principal__identifier")
             )
             if on_pg:
                 qs = qs.select_for_update(skip_locked=True, of=("self",))
             claimed: list[Task] = []
-            for task in qs[: limit * 2]:
+            for task in sorted(qs, key=lambda t: position[t.pk]):
                 if len(claimed) >= limit:
                     break
                 if task.tool_name in capacity:

@@ -85,7 +85,7 @@ def release_task_slot(*, tenant_id: int, principal_id: int) -> None:
     Principal.objects.filter(pk=principal_id, active_tasks__gt=0).update(active_tasks=F("active_tasks") - 1)
 
 
-def recount_active_tasks(*, tenant_id: int | None = None, kinds: tuple[str, ...] = ("task",)) -> int:
+def recount_active_tasks(*, tenant_id: int | None = None, kinds: tuple[str, ...] = ("task", "request")) -> int:
     """Repair the counters from the Task table (after a crash or manual edits); returns rows fixed.
 
     Counts ``mcptasks.Task`` rows of ``kinds`` whose status is not terminal. Run while no

@@ -185,3 +185,42 @@ def test_outcome_write_is_retried_through_a_database_outage(monkeypatch: pytest.
     task: Any = types.SimpleNamespace(task_id="t-1")  # only passed through to the patched transition
     ok = asyncio.run(worker._write_outcome(task, 1, "completed", None, {"content": []}, None))
     assert ok is True and len(calls) == 3
+
+
+@pytest.mark.django_db
+def test_claims_are_fair_across_tenants() -> None:
+    """Issue 11 item 7: a tenant flooding the queue does not starve another tenant."""
+    from mcptasks.worker import Worker
+    from tests.mcptasks.conftest import make_auth, make_session, make_task
+
+    flood, other = make_auth(), make_auth()
+    flood_session, other_session = make_session(flood), make_session(other)
+    for _ in range(20):
+        make_task(flood, flood_session)
+    late = [make_task(other, other_session).task_id for _ in range(2)]
+    claimed = Worker(concurrency=4, run_cleanup=False)._claim(4)
+    ids = [t.task_id for t in claimed]
+    assert len(ids) == 4
+    assert set(late) <= set(ids), "the other tenant's tasks waited behind the flood"
+
+
+@pytest.mark.django_db
+def test_plain_calls_take_a_quota_slot() -> None:
+    """Issue 11 item 7: plain tools/call requests count against the concurrency quotas."""
+    from mcptasks import services as svc
+    from mcptasks.models import Task
+    from tenants.models import Tenant
+    from tenants.quotas import QuotaExceeded
+    from tests.mcptasks.conftest import demo_tool, make_auth, make_session, make_tenant
+
+    tenant = make_tenant(max_concurrent_tasks=1)
+    auth = make_auth(tenant)
+    session = make_session(auth)
+    first = svc.create_task(auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1}, request_id=1,
+                            progress_token=None, kind=Task.Kind.REQUEST, stream_id="p" + "1" * 16)
+    assert Tenant.objects.get(pk=tenant.pk).active_tasks == 1
+    with pytest.raises(QuotaExceeded):
+        svc.create_task(auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1}, request_id=2,
+                        progress_token=None, kind=Task.Kind.REQUEST, stream_id="p" + "2" * 16)
+    svc.transition(task=first, to="completed", result={"content": []})
+    assert Tenant.objects.get(pk=tenant.pk).active_tasks == 0
