@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import jwt
 import pytest
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tests.support.client import ACCEPT_BOTH, McpClient
@@ -319,7 +320,11 @@ def test_refused_jwts(auth_server: Proc, issuer: _Jwks) -> None:
             "Token algorithm not allowed",
         ),
         "HS256 with the public key as secret": (
-            issuer.token(aud, key=secrets.token_bytes(32), alg="HS256"),
+            # The classic algorithm confusion: HMAC keyed with the issuer's own public key (PyJWT
+            # refuses to produce it, so it is signed by hand).
+            _hs256_with(issuer.key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo),
+                {"iss": issuer.issuer, "aud": aud, "sub": "x", "org": "jwtco", "exp": int(time.time()) + 60}),
             "Token algorithm not allowed",
         ),
         "wrong tenant claim": (issuer.token(aud, org="someone-else"), "Access token is not for this tenant"),
@@ -400,3 +405,19 @@ def test_serve_creates_a_demo_tenant_and_prints_a_token(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+def _hs256_with(secret: bytes, claims: dict[str, Any]) -> str:
+    """A JWT signed HS256 with ``secret``, built by hand (kid k1, like the issuer's RS256 key)."""
+    import base64
+    import hashlib
+    import hmac
+
+    def b64(raw: bytes) -> str:
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+    signing_input = b64(json.dumps({"alg": "HS256", "typ": "JWT", "kid": "k1"}).encode()) + "." + b64(
+        json.dumps(claims).encode()
+    )
+    signature = hmac.new(secret, signing_input.encode(), hashlib.sha256).digest()
+    return signing_input + "." + b64(signature)

@@ -136,10 +136,13 @@ def test_sigterm_closes_open_streams_with_retry(stack: Stack, client: McpClient)
             with httpx.Client(timeout=20) as http, http.stream("GET", extra.url, headers=h) as resp:
                 assert resp.status_code == 200
                 it = resp.iter_lines()
-                lines.append(next(it))  # the priming event has begun: the stream is live
+                for line in it:  # read the whole priming event (it carries a retry: of its own)
+                    if not line:
+                        break
                 extra.popen.send_signal(signal.SIGTERM)
                 lines.extend(it)  # a clean end of body, not a cut connection
-        assert any(line.startswith("retry:") for line in lines[1:]), lines
+        # The retry: hint must come with the shutdown, after the priming event.
+        assert any(line.startswith("retry:") for line in lines), lines
         extra.popen.wait(15)
         assert "closed 1 open stream(s)" in extra.log_text()
     finally:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import skip_or_fail
 from tests.support.servers import Proc
 
 SDK_DIR = Path(__file__).resolve().parent / "sdk"
@@ -30,13 +31,13 @@ def node() -> Path:
     if not (NODE.exists() and SDK_PACKAGE.exists()):
         npm = shutil.which("npm")
         if npm is None:
-            pytest.skip("npm is not available: cannot install @modelcontextprotocol/sdk and Node 22")
+            skip_or_fail("npm is not available: cannot install @modelcontextprotocol/sdk and Node 22")
         proc = subprocess.run(
             [npm, "install", "--no-audit", "--no-fund", "--loglevel=error"],
             cwd=SDK_DIR, capture_output=True, text=True, timeout=300,
         )
         if proc.returncode != 0 or not NODE.exists():
-            pytest.skip(f"npm install in {SDK_DIR} failed (offline?): {proc.stderr.strip()[-500:]}")
+            skip_or_fail(f"npm install in {SDK_DIR} failed (offline?): {proc.stderr.strip()[-500:]}")
     version = json.loads(SDK_PACKAGE.read_text())["version"]
     assert version == "1.32.2", f"expected @modelcontextprotocol/sdk 1.32.2, found {version}"
     return NODE

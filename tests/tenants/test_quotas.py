@@ -12,6 +12,7 @@ from tenants.models import Principal, Tenant
 from tenants.quotas import QuotaExceeded, acquire_task_slot, release_task_slot
 from tenants.selectors import clear_limits_cache, effective_limits
 from tenants.services import get_or_create_principal
+from tests.conftest import require_postgres
 
 pytestmark = pytest.mark.django_db
 
@@ -145,7 +146,7 @@ def test_limits_cache_is_short(tenant: Tenant, settings: Any) -> None:
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_acquire_on_postgres() -> None:
     if connection.vendor != "postgresql":
-        pytest.skip("needs PostgreSQL (set DATABASE_URL=postgres://...) for a real multi-connection race")
+        require_postgres()
     tenant = Tenant.objects.create(slug="race", max_concurrent_tasks=5, max_concurrent_tasks_per_principal=3)
     principals = [
         Principal.objects.create(tenant=tenant, kind=Principal.Kind.USER, identifier=f"u{i}")
