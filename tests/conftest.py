@@ -76,3 +76,14 @@ def client(server: Proc) -> Iterator[McpClient]:
     with McpClient(server.url) as c:
         c.initialize()
         yield c
+
+
+@pytest.fixture(scope="module")
+def auth_server(stack: Stack) -> Iterator[Proc]:
+    """A daphne that admits only bearer tokens (plus a separate worker on PostgreSQL + Redis)."""
+    procs = [stack.daphne(extra_env={"MCPTASKS_ALLOW_ANONYMOUS": "0"})]
+    if stack.multi_process:
+        procs.append(stack.worker(concurrency=4))
+    yield procs[0]
+    for p in procs:
+        p.terminate(timeout=10)

@@ -7,18 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.e2e.live_support import Pair, start_pair
-from tests.support.servers import Proc, Stack
-
-
-@pytest.fixture(scope="module")
-def auth_server(stack: Stack) -> Iterator[Proc]:
-    """A daphne that admits only bearer tokens (plus a separate worker on PostgreSQL + Redis)."""
-    procs = [stack.daphne(extra_env={"MCPTASKS_ALLOW_ANONYMOUS": "0"})]
-    if stack.multi_process:
-        procs.append(stack.worker(concurrency=4))
-    yield procs[0]
-    for p in procs:
-        p.terminate(timeout=10)
+from tests.support.servers import Stack
 
 
 @pytest.fixture(scope="module")

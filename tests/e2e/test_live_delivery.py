@@ -22,14 +22,8 @@ from tests.conftest import require_multiprocess
 from tests.e2e.live_support import Listener, is_terminal_note, status_notes, twin
 from tests.support.client import McpClient
 from tests.support.redis_proc import tcp_connections_to_port
-from tests.support.servers import Proc, Stack
+from tests.support.servers import DEFAULT_DELIVERY, Proc, Stack, web_and_worker
 
-#: The delivery-related settings at their defaults (the test stack shortens them otherwise).
-DEFAULTS = {
-    "MCPTASKS_TASK_RESULT_RECHECK_S": "5",
-    "MCPTASKS_SSE_KEEPALIVE_S": "15",
-    "MCPTASKS_WORKER_POLL_S": "2",
-}
 #: The pools a web process may hold: the layer's (one event loop) and the counters client.
 POOL_LIMIT = 50 + 20
 
@@ -38,10 +32,8 @@ POOL_LIMIT = 50 + 20
 def web(stack: Stack) -> Iterator[Proc]:
     if not stack.multi_process:
         require_multiprocess()
-    procs = [stack.daphne(embedded_worker=False, extra_env=DEFAULTS), stack.worker(concurrency=8, extra_env=DEFAULTS)]
-    yield procs[0]
-    for p in procs:
-        p.terminate(timeout=15)
+    with web_and_worker(stack, env=DEFAULT_DELIVERY) as proc:
+        yield proc
 
 
 @pytest.fixture

@@ -18,14 +18,8 @@ from tests.conftest import require_multiprocess
 from tests.e2e.live_support import Listener, status_notes, twin
 from tests.support.client import McpClient
 from tests.support.redis_proc import PrivateRedis
-from tests.support.servers import Proc, Stack
+from tests.support.servers import DEFAULT_DELIVERY, Proc, Stack, web_and_worker
 
-#: Delivery settings at their defaults: no short backstop hides a lost wake-up.
-DEFAULTS = {
-    "MCPTASKS_TASK_RESULT_RECHECK_S": "5",
-    "MCPTASKS_SSE_KEEPALIVE_S": "15",
-    "MCPTASKS_WORKER_POLL_S": "2",
-}
 OUTAGE_S = 30
 FREEZE_S = 10
 
@@ -43,11 +37,8 @@ def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRedis]:
 def web(stack: Stack, redis: PrivateRedis) -> Iterator[Proc]:
     if not stack.multi_process:
         require_multiprocess()
-    env = {**DEFAULTS, "REDIS_URL": redis.url}
-    procs = [stack.daphne(embedded_worker=False, extra_env=env), stack.worker(concurrency=8, extra_env=env)]
-    yield procs[0]
-    for p in procs:
-        p.terminate(timeout=15)
+    with web_and_worker(stack, env={**DEFAULT_DELIVERY, "REDIS_URL": redis.url}) as proc:
+        yield proc
 
 
 @pytest.fixture

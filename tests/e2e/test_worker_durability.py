@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import require_multiprocess
 from tests.e2e.live_support import wait_status
 from tests.support.client import McpClient
-from tests.support.servers import FAST_SETTINGS, Proc, Stack
+from tests.support.servers import FAST_SETTINGS, Proc, Stack, web_and_worker
 
 CONCURRENCY = 8
 LEASE_S = float(FAST_SETTINGS["MCPTASKS_WORKER_LEASE_S"])
@@ -19,10 +19,8 @@ LEASE_S = float(FAST_SETTINGS["MCPTASKS_WORKER_LEASE_S"])
 def web(stack: Stack) -> Iterator[Proc]:
     if not stack.multi_process:
         require_multiprocess()
-    procs = [stack.daphne(embedded_worker=False), stack.worker(concurrency=CONCURRENCY)]
-    yield procs[0]
-    for p in procs:
-        p.terminate(timeout=15)
+    with web_and_worker(stack, concurrency=CONCURRENCY) as proc:
+        yield proc
 
 
 def test_a_full_worker_of_sync_tools_keeps_every_lease(web: Proc) -> None:
@@ -70,10 +68,8 @@ def short_retention(stack: Stack) -> Iterator[Proc]:
         require_multiprocess()
     env = {"MCPTASKS_SSE_RETENTION_S": "1", "MCPTASKS_CLEANUP_INTERVAL_S": "0.5", "MCPTASKS_SSE_MAX_STREAM_S": "2",
            "MCPTASKS_SSE_KEEPALIVE_S": "0.5"}
-    procs = [stack.daphne(embedded_worker=False, extra_env=env), stack.worker(concurrency=2, extra_env=env)]
-    yield procs[0]
-    for p in procs:
-        p.terminate(timeout=15)
+    with web_and_worker(stack, env=env, concurrency=2) as proc:
+        yield proc
 
 
 def test_tasks_result_resumes_long_after_event_retention(short_retention: Proc) -> None:

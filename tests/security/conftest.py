@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.core.cache import cache
 
-from tenants import kv
-from tenants.selectors import clear_limits_cache
+from tests.support.isolation import fresh_process_state
 
 
 @pytest.fixture(autouse=True)
 def _hostile_env(settings: Any) -> Iterator[None]:
-    settings.MCPTASKS = {**settings.MCPTASKS, "PUBLIC_URL": "", "ALLOW_ANONYMOUS": False}
-    settings.CHANNEL_PREFIX = "sec" + secrets.token_hex(6)
-    cache.clear()
-    kv.reset()
-    clear_limits_cache()
-    yield
-    cache.clear()
-    kv.reset()
-    clear_limits_cache()
+    with fresh_process_state(settings, prefix="sec"):
+        yield
 
 
 @pytest.fixture

@@ -4,26 +4,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from tests.e2e.live_support import wait_status
 from tests.support.client import McpClient, SseEvent
 from tests.support.servers import Proc, Stack
 
 FULL = "mcp:tools mcp:tasks"
-
-
-@pytest.fixture(scope="module")
-def web(stack: Stack) -> Iterator[Proc]:
-    procs = [stack.daphne(extra_env={"MCPTASKS_ALLOW_ANONYMOUS": "0"})]
-    if stack.multi_process:
-        procs.append(stack.worker(concurrency=4))
-    yield procs[0]
-    for p in procs:
-        p.terminate(timeout=10)
 
 
 def _tokens(stack: Stack) -> tuple[str, str]:
@@ -36,7 +23,8 @@ def _tokens(stack: Stack) -> tuple[str, str]:
     return owner, ops
 
 
-def test_tenant_reader_never_receives_the_owners_elicitation(stack: Stack, web: Proc) -> None:
+def test_tenant_reader_never_receives_the_owners_elicitation(stack: Stack, auth_server: Proc) -> None:
+    web = auth_server
     owner_token, ops_token = _tokens(stack)
     with McpClient(web.url, token=owner_token) as owner, McpClient(web.url, token=ops_token) as ops:
         owner.initialize()

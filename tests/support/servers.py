@@ -14,6 +14,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,29 @@ FAST_SETTINGS = {
     "MCPTASKS_SSE_KEEPALIVE_S": "5",
     "MCPTASKS_WORKER_SHUTDOWN_GRACE_S": "3",
 }
+
+
+#: The delivery settings at their defaults (FAST_SETTINGS shortens the backstops that would
+#: hide a lost wake-up or a deaf stream).
+DEFAULT_DELIVERY = {
+    "MCPTASKS_TASK_RESULT_RECHECK_S": "5",
+    "MCPTASKS_SSE_KEEPALIVE_S": "15",
+    "MCPTASKS_WORKER_POLL_S": "2",
+}
+
+
+@contextmanager
+def web_and_worker(
+    stack: Stack, *, env: dict[str, str] | None = None, concurrency: int = 8, web_env: dict[str, str] | None = None
+) -> Iterator[Proc]:
+    """A daphne without embedded worker plus one worker process (PostgreSQL + Redis), stopped after."""
+    procs = [stack.daphne(embedded_worker=False, extra_env={**(env or {}), **(web_env or {})})]
+    try:
+        procs.append(stack.worker(concurrency=concurrency, extra_env=env))
+        yield procs[0]
+    finally:
+        for p in procs:
+            p.terminate(timeout=15)
 
 
 def free_port() -> int:

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.core.cache import cache
 
-from tenants import kv
-from tenants.selectors import clear_limits_cache
+from tests.support.isolation import fresh_process_state
 from tests.tenants.tenants_testutil import ISSUER, RESOURCE, JwksServer, KeyPair
 
 
@@ -18,16 +15,8 @@ from tests.tenants.tenants_testutil import ISSUER, RESOURCE, JwksServer, KeyPair
 def _tenants_env(settings: Any) -> Iterator[None]:
     """Our own URLconf (the project's root URLconf is the lead's), fresh caches, no anonymity."""
     settings.ROOT_URLCONF = "tenants.urls"
-    settings.MCPTASKS = {**settings.MCPTASKS, "PUBLIC_URL": "", "ALLOW_ANONYMOUS": False}
-    # Shared counters (Redis in CI) get a prefix of their own per test: no leftovers.
-    settings.CHANNEL_PREFIX = "t" + secrets.token_hex(6)
-    cache.clear()
-    kv.reset()
-    clear_limits_cache()
-    yield
-    cache.clear()
-    kv.reset()
-    clear_limits_cache()
+    with fresh_process_state(settings):
+        yield
 
 
 @pytest.fixture
