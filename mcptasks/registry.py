@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_type_hints
+from typing import Any, Literal, TypeVar, get_args, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
@@ -188,6 +188,24 @@ class _ArgsBase(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _is_context(annotation: Any) -> bool:
+    """Whether a parameter annotation names the tool context (also through Optional/unions)."""
+    if annotation in (ToolContext, SyncToolContext):
+        return True
+    return any(arg in (ToolContext, SyncToolContext) for arg in get_args(annotation))
+
+
+def _return_model(fn: Callable[..., Any]) -> type[BaseModel] | None:
+    """The pydantic model a tool's return annotation names, if any (its output schema)."""
+    try:
+        annotation = get_type_hints(fn).get("return")
+    except Exception:  # unresolvable forward references: no derived schema
+        return None
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
 def _schema_from_signature(
     fn: Callable[..., Any],
 ) -> tuple[type[BaseModel] | None, dict[str, Any], str | None]:
@@ -197,7 +215,7 @@ def _schema_from_signature(
     ctx_param = None
     for name, param in sig.parameters.items():
         annotation = hints.get(name, Any)
-        if annotation in (ToolContext, SyncToolContext) or name == "ctx":
+        if _is_context(annotation) or name == "ctx":
             ctx_param = name
             continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
@@ -212,6 +230,10 @@ def _schema_from_signature(
     schema.setdefault("properties", {})
     schema["type"] = "object"
     return model, schema, ctx_param
+
+
+#: A decorated function keeps its own type.
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Registry:
@@ -240,17 +262,22 @@ class Registry:
         max_concurrency: int | None = None,
         immediate_response: str | None = None,
         meta: dict[str, Any] | None = None,
-    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Register a function as an MCP tool.
+    ) -> Callable[[F], F]:
+        """Register a function as an MCP tool: ``@tool()`` or ``@tool("name", ...)``.
 
         The input schema is derived from the type hints (or ``input_model``, or given verbatim
-        as ``input_schema``). A parameter typed :class:`ToolContext` (or named ``ctx``)
-        receives the context. ``task_support`` is the tool's ``execution.taskSupport``.
+        as ``input_schema``); the output schema from a pydantic return annotation unless
+        ``output_schema`` is given. A parameter typed :class:`ToolContext` (also
+        ``ToolContext | None``) or named ``ctx`` receives the context. ``task_support`` is the
+        tool's ``execution.taskSupport``. The decorated function is returned unchanged.
         """
+        if callable(name):
+            # Bare ``@tool`` would register nothing and replace the function with the decorator.
+            raise TypeError("use @tool() (with parentheses), not bare @tool")
         if task_support not in ("forbidden", "optional", "required"):
             raise ValueError(f"task_support must be forbidden, optional or required, not {task_support!r}")
 
-        def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def deco(fn: F) -> F:
             tool_name = name or fn.__name__
             if not _NAME_RE.match(tool_name):
                 raise ValueError(f"invalid tool name {tool_name!r}")
@@ -265,7 +292,7 @@ class Registry:
             if input_schema is not None:
                 schema = input_schema
                 args_model = None
-            out_schema = output_schema
+            out_schema = output_schema if output_schema is not None else _return_model(fn)
             if isinstance(out_schema, type) and issubclass(out_schema, BaseModel):
                 out_schema = out_schema.model_json_schema()
             self.tools[tool_name] = Tool(

@@ -311,3 +311,50 @@ def test_server_dispatch_table_is_complete() -> None:
     assert expected <= set(dispatcher.methods)
     init = dispatcher.route("initialize")
     assert init is not None and init.before_init
+
+
+def test_bare_tool_decorator_is_a_type_error() -> None:
+    """Issue 12: bare ``@tool`` used to register nothing and replace the function silently."""
+    from mcptasks.registry import Registry
+
+    reg = Registry()
+    with pytest.raises(TypeError):
+
+        @reg.tool  # type: ignore[arg-type]
+        async def oops(a: int) -> str:
+            return str(a)
+
+
+def test_optional_context_is_detected_and_kept_out_of_the_schema() -> None:
+    from mcptasks.registry import Registry
+
+    reg = Registry()
+
+    @reg.tool()
+    async def uses_ctx(a: int, context: ToolContext | None = None) -> str:
+        return str(a)
+
+    t = reg.get_tool("uses_ctx")
+    assert t is not None and t.ctx_param == "context"
+    assert set(t.input_schema["properties"]) == {"a"}
+    assert uses_ctx.__name__ == "uses_ctx"  # the function itself is returned
+
+
+class Report(BaseModel):
+    """A tool's output model (module level: annotations are resolved in the module's globals)."""
+
+    rows: int
+
+
+def test_output_schema_comes_from_a_model_return_annotation() -> None:
+    from mcptasks.registry import Registry
+
+    reg = Registry()
+
+    @reg.tool()
+    async def build() -> Report:
+        return Report(rows=1)
+
+    t = reg.get_tool("build")
+    assert t is not None and t.output_schema is not None
+    assert t.output_schema["properties"]["rows"]["type"] == "integer"
