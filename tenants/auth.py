@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from mcptasks import conf as mcp_conf
 
-from .conf import DEFAULT_CHALLENGE_SCOPES, MCP_SCOPES, canonical_resource, normalize_uri
+from .conf import DEFAULT_CHALLENGE_SCOPES, MCP_SCOPES, canonical_resource, normalize_uri, same_resource
 
 logger = logging.getLogger(__name__)
 
@@ -196,7 +196,8 @@ def _builtin_token_context(*, token: str, resource_url: str) -> AuthContext:
     if access.is_expired():
         raise _unauthorized(resource_url=resource_url, message="Access token expired")
     audiences = [normalize_uri(str(a)) for a in (access.resource or [])]
-    if audiences and canonical_resource(resource_url) not in audiences:
+    here = canonical_resource(resource_url)
+    if audiences and not any(same_resource(here, a) for a in audiences):
         logger.info("token %s refused: issued for another resource", ref)
         raise _unauthorized(
             resource_url=resource_url, message="Access token was not issued for this resource"

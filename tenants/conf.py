@@ -78,6 +78,29 @@ def normalize_uri(uri: str) -> str:
     return urlunsplit((scheme, host, path, "", ""))
 
 
+_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+
+
+def same_resource(a: str, b: str) -> bool:
+    """Whether two normalised resource URIs name this server's same endpoint.
+
+    Equal URIs do; so do URIs that differ only in the loopback name (``localhost``,
+    ``127.0.0.1``, ``[::1]``): on one machine they are the same endpoint, so a development token
+    bound to ``http://127.0.0.1:8000/mcp`` also works at ``http://localhost:8000/mcp``.
+    """
+    if a == b:
+        return True
+    from urllib.parse import urlsplit
+
+    pa, pb = urlsplit(a), urlsplit(b)
+    loopback = {pa.hostname and _bracket(pa.hostname), pb.hostname and _bracket(pb.hostname)} <= set(_LOOPBACK_NAMES)
+    return bool(loopback and pa.scheme == pb.scheme and pa.port == pb.port and pa.path == pb.path)
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
 def public_origin(resource_url: str) -> str:
     """``scheme://host[:port]`` of the canonical resource: the issuer of the built-in AS."""
     from urllib.parse import urlsplit

@@ -200,3 +200,14 @@ def test_check_warns_anonymous_without_debug(settings: Any) -> None:
     assert "tenants.W001" in {m.id for m in run_checks(tags=None) if m.id}
     settings.DEBUG = True
     assert "tenants.W001" not in {m.id for m in run_checks() if m.id}
+
+
+def test_loopback_names_are_the_same_resource(tenant: Any) -> None:
+    """Issue 12: a dev token bound to 127.0.0.1 also works at localhost (and [::1]), nowhere else."""
+    token = issue_token(tenant=tenant, resource="http://127.0.0.1:8000/mcp")
+    for url in ("http://localhost:8000/mcp", "http://[::1]:8000/mcp", "http://127.0.0.1:8000/mcp"):
+        assert _auth(token, url).tenant_id == tenant.pk
+    for url in ("http://localhost:8001/mcp", "http://example.com:8000/mcp", "https://localhost:8000/mcp"):
+        with pytest.raises(AuthError) as info:
+            _auth(token, url)
+        assert info.value.status == 401
