@@ -182,6 +182,35 @@ def test_two_workers_never_run_the_same_attempt(mp: Stack, daphne_a: Proc, procs
         assert ends and ends[-1] == max(a for a, _e, _ in recs), recs
 
 
+def test_sigkill_with_fifty_tasks_in_flight_ends_each_exactly_once(
+    mp: Stack, daphne_a: Proc, procs: list[Proc]
+) -> None:
+    """Issue 11 fault test: ~50 tasks in flight, a worker SIGKILLed; every task ends terminal once."""
+    w1, w2 = mp.worker(concurrency=12), mp.worker(concurrency=12)
+    procs += [w1, w2]
+    prefix = "fifty-" + secrets.token_hex(3)
+    with new_client(daphne_a) as client:
+        tools = ["test_counted_retryable", "test_counted_once"]
+        ids = {client.call_task(tools[i % 2], {"key": f"{prefix}-{i}", "ms": 1500})["taskId"]: i % 2 for i in range(50)}
+        wait_for("tools to start in both workers", lambda: sql(
+            mp, "SELECT count(DISTINCT worker_id) FROM mcptasks_task WHERE task_id = ANY(%s) AND worker_id IS NOT NULL",
+            (list(ids),))[0][0] >= 2)
+        w1.kill()
+        finals = {tid: wait_terminal(client, tid, timeout=LEASE_S + 30) for tid in ids}
+    for tid, once in ids.items():
+        final = finals[tid]
+        if once:
+            assert final["status"] in ("completed", "failed"), final
+            if final["status"] == "failed":
+                assert final["statusMessage"] == WORKER_LOST, final
+        else:
+            assert final["status"] == "completed", final
+    # Exactly one terminal transition each (the audit log records every one).
+    rows = sql(mp, "SELECT task_id, count(*) FROM mcptasks_auditevent WHERE task_id = ANY(%s) "
+                   "AND action IN ('task.completed', 'task.failed', 'task.cancelled') GROUP BY task_id", (list(ids),))
+    assert dict(rows) == dict.fromkeys(ids, 1)
+
+
 # --- SIGTERM --------------------------------------------------------------------------------------
 
 
