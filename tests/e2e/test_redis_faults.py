@@ -52,12 +52,20 @@ def _completed(listener: Listener, task_id: str) -> bool:
     return "completed" in [s for s, _ in status_notes(listener.messages, task_id)]
 
 
-def _round_trip(client: McpClient) -> float:
-    """Seconds from creating a 0 ms task to its result (a wake-up the worker missed costs ~1-2 s)."""
-    t0 = time.monotonic()
-    task = client.call_task("demo_sleep", {"ms": 0})
-    assert client.request("tasks/result", {"taskId": task["taskId"]}).result["content"][0]["text"] == "Slept for 0 ms"
-    return time.monotonic() - t0
+def _wake_up_latency(client: McpClient) -> float:
+    """Seconds from creating a task to its tool starting in the worker (same machine clock).
+
+    With the wake-up group working this is milliseconds; a worker that missed the wake-up only
+    claims at its poll backstop (MCPTASKS_WORKER_POLL_S, 2 s here).
+    """
+    import json
+    import time as _time
+
+    t0 = _time.time()
+    task = client.call_task("test_stamp", {})
+    result = client.request("tasks/result", {"taskId": task["taskId"]}).result
+    started = json.loads(result["content"][0]["text"])["t"]
+    return float(started - t0)
 
 
 def _wait(predicate: object, timeout: float) -> bool:
@@ -72,7 +80,6 @@ def _wait(predicate: object, timeout: float) -> bool:
 def test_redis_outage_reads_from_the_database_and_recovers(client: McpClient, web: Proc, redis: PrivateRedis) -> None:
     done = client.call_task("demo_sleep", {"ms": 0})["taskId"]
     assert client.request("tasks/result", {"taskId": done}).status == 200
-    baseline = statistics.median(_round_trip(client) for _ in range(3))
     listener = Listener(twin(client, web.url)).start()
     listener.wait_primed()
 
@@ -107,10 +114,10 @@ def test_redis_outage_reads_from_the_database_and_recovers(client: McpClient, we
     after = client.call_task("demo_sleep", {"ms": 0})["taskId"]
     assert _wait(lambda: _completed(listener, after), 5), "no notification within 5 s of Redis returning"
     assert listener.error is None and not listener.done.is_set(), "the stream was dropped"
-    # The worker is back in its wake-up group: creation to result at the pre-outage pace.
+    # The worker is back in its wake-up group: a new task starts within 100 ms.
     time.sleep(max(0.0, back + 3 - time.monotonic()))
-    trips = [_round_trip(client) for _ in range(5)]
-    assert statistics.median(trips) < max(0.3, baseline * 3), (baseline, trips)
+    latencies = [_wake_up_latency(client) for _ in range(5)]
+    assert statistics.median(latencies) < 0.1, latencies
     listener.abort()
 
 
