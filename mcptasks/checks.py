@@ -11,9 +11,13 @@ from . import conf
 from .hardening import DEV_SECRET_PREFIX
 
 
-@register(Tags.security, deploy=False)
+@register(Tags.security, deploy=True)
 def check_secret_key(app_configs: Any, **kwargs: Any) -> list[Any]:
-    """The development SECRET_KEY signs cursors and sessions: production must set its own."""
+    """The development SECRET_KEY signs cursors and sessions: production must set its own.
+
+    A deployment check (``manage.py check --deploy``): web processes and workers refuse to
+    start with the development key anyway, so other commands need not repeat the warning.
+    """
     if not settings.DEBUG and str(settings.SECRET_KEY).startswith(DEV_SECRET_PREFIX):
         return [
             Warning(
