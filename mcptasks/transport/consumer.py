@@ -90,6 +90,7 @@ class McpConsumer(AsyncHttpConsumer):
         super().__init__(*args, **kwargs)
         self.body_size = 0
         self.preflight_done = False
+        self.responded = False  # a complete (non-streaming) response was sent
         self.streaming = False  # SSE headers sent; the consumer lives on after handle()
         self.closed = False
         self.stream_id: str | None = None
@@ -147,6 +148,31 @@ class McpConsumer(AsyncHttpConsumer):
             for t in self.background:
                 t.cancel()
             layers.remove_listener(self)
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """Channels' dispatch, answering a database outage with 503 wherever it surfaces.
+
+        Channels closes stale connections before every handler; with the database gone that
+        reconnect fails outside any handler, which would otherwise be a 500 from the server.
+        """
+        try:
+            await super().dispatch(message)
+        except (OperationalError, InterfaceError) as exc:
+            logger.warning("database unavailable: %s", type(exc).__name__)
+            await self._unavailable()
+            raise StopConsumer() from None
+
+    async def _unavailable(self) -> None:
+        if self.closed:
+            return
+        if not self.streaming and not self.responded:
+            await self._send_json(
+                503,
+                jsonrpc.error_response(None, McpError(INTERNAL_ERROR, "Service temporarily unavailable")),
+                {"Retry-After": "5"},
+            )
+        elif self.streaming:
+            await self._close(hint_retry=True)
 
     async def _layer_receive(self) -> dict[str, Any]:
         await self._layer_ok.wait()
@@ -246,14 +272,7 @@ class McpConsumer(AsyncHttpConsumer):
         except (OperationalError, InterfaceError) as exc:
             # The database is away: a retryable 503, never a 500 or a hang.
             logger.warning("database unavailable: %s", type(exc).__name__)
-            if not self.streaming:
-                await self._send_json(
-                    503,
-                    jsonrpc.error_response(None, McpError(INTERNAL_ERROR, "Service temporarily unavailable")),
-                    {"Retry-After": "5"},
-                )
-            else:
-                await self._close(hint_retry=True)
+            await self._unavailable()
         except Exception:
             logger.exception("MCP transport error")
             if not self.streaming:
@@ -809,6 +828,7 @@ class McpConsumer(AsyncHttpConsumer):
     # --- writing -----------------------------------------------------------------------------
 
     async def _send_raw(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        self.responded = True
         await self.send_response(status, body, headers=[*headers, *self.cors_headers])
 
     async def _send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:

@@ -242,3 +242,19 @@ async def test_database_outage_is_a_503_with_retry_after(monkeypatch: pytest.Mon
     monkeypatch.setattr(selectors, "get_session", unavailable)
     response = await post({"jsonrpc": "2.0", "id": 6, "method": "ping"}, headers)
     assert response["status"] == 503
+
+
+async def test_database_outage_before_any_handler_is_a_503(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Channels reconnects before every handler: a dead database there is a 503 too, not a 500."""
+    import channels.consumer
+    from django.db import OperationalError
+
+    headers = await initialize()
+
+    async def unavailable() -> None:
+        raise OperationalError("connection failed: server closed the connection unexpectedly")
+
+    monkeypatch.setattr(channels.consumer, "aclose_old_connections", unavailable)
+    response = await post({"jsonrpc": "2.0", "id": 8, "method": "ping"}, headers)
+    assert response["status"] == 503
+    assert headers_of(response)["retry-after"] == "5"
