@@ -32,6 +32,9 @@ router = ProtocolTypeRouter(
         "http": URLRouter(
             [
                 re_path(rf"^{_mcp_path}/?$", McpConsumer.as_asgi()),
+                # A tenant's own endpoint: tokens from the tenant's identity providers name it
+                # as their audience by default (see docs/tenants.md).
+                re_path(rf"^{_mcp_path}/t/(?P<tenant>[-a-zA-Z0-9_]{{1,64}})/?$", McpConsumer.as_asgi()),
                 re_path(r"", django_asgi),  # type: ignore[arg-type]
             ]
         ),

@@ -79,8 +79,11 @@ TEMPLATES = [
 ]
 
 VAR_DIR = Path(env.str("MCPTASKS_VAR_DIR", default=str(BASE_DIR / "var")))
+# An empty DATABASE_URL (``DATABASE_URL= cmd``) means "unset", the embedded default.
 DATABASES: dict[str, Any] = {
-    "default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'mcptasks.sqlite3'}"),
+    "default": env.db_url_config(
+        env.str("DATABASE_URL", default="") or f"sqlite:///{VAR_DIR / 'mcptasks.sqlite3'}"
+    ),
 }
 _db = DATABASES["default"]
 if _db["ENGINE"] == "django.db.backends.sqlite3":

@@ -15,7 +15,15 @@ from urllib.parse import parse_qs, urlsplit
 
 from mcptasks import conf as mcp_conf
 
-from .conf import DEFAULT_CHALLENGE_SCOPES, MCP_SCOPES, canonical_resource, normalize_uri, same_resource
+from .conf import (
+    DEFAULT_CHALLENGE_SCOPES,
+    MCP_SCOPES,
+    canonical_resource,
+    normalize_uri,
+    resource_tenant,
+    same_resource,
+    shared_resource,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -197,7 +205,11 @@ def _builtin_token_context(*, token: str, resource_url: str) -> AuthContext:
         raise _unauthorized(resource_url=resource_url, message="Access token expired")
     audiences = [normalize_uri(str(a)) for a in (access.resource or [])]
     here = canonical_resource(resource_url)
-    if audiences and not any(same_resource(here, a) for a in audiences):
+    wanted_slug = resource_tenant(here)
+    # A built-in token names its tenant through its application, so at a tenant's own
+    # endpoint a token for the shared endpoint is acceptable too (the tenant is checked below).
+    targets = [here, shared_resource(here)] if wanted_slug else [here]
+    if audiences and not any(same_resource(t, a) for t in targets for a in audiences):
         logger.info("token %s refused: issued for another resource", ref)
         raise _unauthorized(
             resource_url=resource_url, message="Access token was not issued for this resource"
@@ -216,6 +228,9 @@ def _builtin_token_context(*, token: str, resource_url: str) -> AuthContext:
     tenant = link.tenant
     if not tenant.active:
         raise _unauthorized(resource_url=resource_url, message="Tenant is disabled")
+    if wanted_slug is not None and tenant.slug != wanted_slug:
+        logger.info("token %s refused: presented at another tenant's endpoint", ref)
+        raise _unauthorized(resource_url=resource_url, message="Access token is not for this tenant")
     # Scopes are bounded by the operator's grants *now*: narrowing an application or a
     # membership applies to tokens already issued.
     granted = link.scope_set()

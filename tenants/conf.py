@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -47,16 +48,56 @@ def get() -> TenantSettings:
     return TenantSettings(**{k: v for k, v in raw.items() if k in known})
 
 
+#: Path segment between the MCP path and a tenant's slug in a tenant's own endpoint URL
+#: (``/mcp/t/<slug>``).
+TENANT_SEGMENT = "t"
+_SLUG = re.compile(r"[-a-zA-Z0-9_]{1,64}")
+
+
 def canonical_resource(resource_url: str) -> str:
-    """This server's canonical resource URI (RFC 8707 audience of every accepted token).
+    """This server's canonical resource URI for ``resource_url`` (RFC 8707 audience).
 
     ``PUBLIC_URL + MCP_PATH`` when ``MCPTASKS_PUBLIC_URL`` is set, else ``resource_url`` (the
     URL of the MCP endpoint as derived from the request), normalised: lower-case scheme and
-    host, no default port, no query, fragment or trailing slash.
+    host, no default port, no query, fragment or trailing slash. A tenant's own endpoint
+    (``…/mcp/t/<slug>``) keeps its tenant suffix: it is a resource of its own.
     """
     c = mcp_conf.get()
-    raw = c.PUBLIC_URL.rstrip("/") + c.MCP_PATH if c.PUBLIC_URL else resource_url
-    return normalize_uri(raw)
+    if not c.PUBLIC_URL:
+        return normalize_uri(resource_url)
+    base = normalize_uri(c.PUBLIC_URL.rstrip("/") + c.MCP_PATH)
+    slug = resource_tenant(resource_url)
+    return tenant_resource(base, slug) if slug else base
+
+
+def shared_resource(resource_url: str) -> str:
+    """The canonical URI of the shared endpoint (``…/mcp``), whichever endpoint was reached."""
+    here = canonical_resource(resource_url)
+    slug = resource_tenant(here)
+    return here[: -len(f"/{TENANT_SEGMENT}/{slug}")] if slug else here
+
+
+def tenant_resource(shared: str, slug: str) -> str:
+    """A tenant's own resource URI: ``<shared endpoint>/t/<slug>``.
+
+    The default audience of tokens from the tenant's external issuers: an identity provider
+    trusted by several tenants issues tokens that name one tenant's endpoint, so a token for
+    tenant B is never accepted by tenant A.
+    """
+    return f"{shared.rstrip('/')}/{TENANT_SEGMENT}/{slug}"
+
+
+def resource_tenant(resource_url: str) -> str | None:
+    """The tenant slug of a tenant endpoint URL (``…<MCP_PATH>/t/<slug>``), else None."""
+    from urllib.parse import urlsplit
+
+    path = urlsplit(resource_url).path.rstrip("/")
+    marker = mcp_conf.get().MCP_PATH.rstrip("/") + f"/{TENANT_SEGMENT}/"
+    head, found, slug = path.rpartition(marker)
+    # The MCP path may sit under PUBLIC_URL's own path prefix, so only the tail is fixed.
+    if not found or (head and not head.startswith("/")):
+        return None
+    return slug if _SLUG.fullmatch(slug) else None
 
 
 def normalize_uri(uri: str) -> str:

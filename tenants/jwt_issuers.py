@@ -32,7 +32,7 @@ from django.core.cache import cache
 
 from . import conf
 from .auth import AuthContext
-from .conf import canonical_resource
+from .conf import canonical_resource, resource_tenant, same_resource, shared_resource, tenant_resource
 from .models import ExternalIssuer, Principal
 
 logger = logging.getLogger(__name__)
@@ -280,7 +280,14 @@ def _verify_with(
         raise JwtRejected(f"algorithm {alg!r} not allowed", "Token algorithm not allowed")
     kid = header.get("kid")
     key = _resolve_key(issuer, kid=str(kid) if kid is not None else None, alg=alg)
-    audience = issuer.audience or canonical_resource(resource_url)
+    # Blank audience: the tenant's own endpoint, so one identity provider trusted by several
+    # tenants can never have a token for one accepted by another.
+    # An explicit audience is the operator's choice and holds at every endpoint.
+    audience = issuer.audience
+    if not audience:
+        audience = tenant_resource(shared_resource(resource_url), issuer.tenant.slug)
+        if not same_resource(canonical_resource(resource_url), audience):
+            raise JwtRejected("presented at another endpoint", "Access token was not issued for this resource")
     try:
         claims: dict[str, Any] = jwt.decode(
             token,
@@ -326,9 +333,12 @@ def verify_external_jwt(*, token: str, resource_url: str) -> AuthContext:
     iss = unverified.get("iss")
     if not isinstance(iss, str):
         raise JwtRejected("no iss")
-    issuers = list(
-        ExternalIssuer.objects.select_related("tenant").filter(issuer=iss, active=True, tenant__active=True)
-    )
+    rows = ExternalIssuer.objects.select_related("tenant").filter(issuer=iss, active=True, tenant__active=True)
+    wanted_slug = resource_tenant(resource_url)
+    if wanted_slug is not None:
+        # A tenant's own endpoint: only that tenant's issuers are candidates.
+        rows = rows.filter(tenant__slug=wanted_slug)
+    issuers = list(rows)
     if not issuers:
         raise JwtRejected("unknown issuer")
     if len(issuers) > 1 and any(not i.tenant_claim for i in issuers):

@@ -150,7 +150,8 @@ class ExternalIssuer(models.Model):
     # Only for HS* algorithms, which are refused unless this is set explicitly. Stored
     # encrypted (tenants.crypto) and never displayed after saving.
     shared_secret = EncryptedTextField(blank=True, default="")
-    # Expected ``aud``; blank means this server's canonical resource URI (RFC 8707).
+    # Expected ``aud``; blank means the tenant's own endpoint (``<canonical MCP URI>/t/<slug>``),
+    # so tokens for one tenant never name another's resource (RFC 8707).
     audience = models.CharField(max_length=500, blank=True)
     # Claim naming the tenant (blank: not checked) and its expected value (blank: the tenant slug).
     tenant_claim = models.CharField(max_length=100, blank=True)

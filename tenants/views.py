@@ -12,8 +12,16 @@ from oauth2_provider.views import OAuthServerMetadataView, TokenView
 from mcptasks import conf as mcp_conf
 
 from . import conf
-from .conf import MCP_SCOPES, canonical_resource, normalize_uri, public_origin
-from .models import ExternalIssuer
+from .conf import (
+    MCP_SCOPES,
+    TENANT_SEGMENT,
+    canonical_resource,
+    normalize_uri,
+    public_origin,
+    resource_tenant,
+    tenant_resource,
+)
+from .models import ExternalIssuer, Tenant
 
 
 def _request_resource(request: HttpRequest) -> str:
@@ -23,28 +31,32 @@ def _request_resource(request: HttpRequest) -> str:
 
 @require_GET
 def protected_resource_metadata(request: HttpRequest, resource_path: str | None = None) -> HttpResponse:
-    """RFC 9728 Protected Resource Metadata of the MCP endpoint.
+    """RFC 9728 Protected Resource Metadata of the MCP endpoint or of one tenant's endpoint.
 
     Served at ``/.well-known/oauth-protected-resource`` and at the path-inserted form for the
-    MCP path (``/.well-known/oauth-protected-resource/mcp``); other paths are 404.
+    MCP path (``/.well-known/oauth-protected-resource/mcp``); a tenant's endpoint
+    (``…/mcp/t/<slug>``) has its own document listing only that tenant's identity providers.
+    Other paths, and unknown or disabled tenants, are 404.
     """
     resource = _request_resource(request)
+    issuers = ExternalIssuer.objects.filter(active=True, tenant__active=True)
     if resource_path is not None:
         wanted = resource_path.strip("/")
         mcp_path = mcp_conf.get().MCP_PATH.strip("/")
         from urllib.parse import urlsplit
 
-        if wanted not in (mcp_path, urlsplit(resource).path.strip("/")):
+        slug = resource_tenant("/" + wanted)
+        if slug is not None and wanted == f"{mcp_path}/{TENANT_SEGMENT}/{slug}":
+            if not Tenant.objects.filter(slug=slug, active=True).exists():
+                raise Http404("No protected resource at this path")
+            resource = tenant_resource(resource, slug)
+            issuers = issuers.filter(tenant__slug=slug)
+        elif wanted not in (mcp_path, urlsplit(resource).path.strip("/")):
             raise Http404("No protected resource at this path")
     servers: list[str] = []
     if conf.get().BUILTIN_AS:
         servers.append(public_origin(resource))
-    for issuer in (
-        ExternalIssuer.objects.filter(active=True, tenant__active=True)
-        .order_by("issuer")
-        .values_list("issuer", flat=True)
-        .distinct()
-    ):
+    for issuer in issuers.order_by("issuer").values_list("issuer", flat=True).distinct():
         if issuer not in servers:
             servers.append(issuer)
     data: dict[str, Any] = {
@@ -89,10 +101,16 @@ class ResourceTokenView(TokenView):
         params = request.POST.copy()
         resources = [r for r in params.getlist("resource") if r.strip()]
         if resources:
+            wanted = []
             for r in resources:
-                if normalize_uri(r) != canonical:
+                target = normalize_uri(r)
+                slug = resource_tenant(target)
+                # This server's endpoint, or one tenant's own endpoint (a token is usable
+                # there only if its client belongs to that tenant).
+                if target != canonical and not (slug and target == tenant_resource(canonical, slug)):
                     return _invalid_target(f"This authorization server only issues tokens for {canonical}")
-            params.setlist("resource", [canonical])
+                wanted.append(target)
+            params.setlist("resource", wanted)
         else:
             grant_type = params.get("grant_type", "")
             needs_default = grant_type == "client_credentials"

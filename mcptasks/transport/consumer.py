@@ -29,6 +29,7 @@ from django.http.request import split_domain_port, validate_host
 from tenants import conf as tenants_conf
 from tenants import jwt_issuers, ratelimit
 from tenants.auth import AuthContext, AuthError, authenticate, insufficient_scope
+from tenants.conf import tenant_resource
 from tenants.selectors import effective_limits
 
 from .. import bus, conf, layers, selectors, services
@@ -410,6 +411,10 @@ class McpConsumer(AsyncHttpConsumer):
     def _resource_url(self) -> str:
         public = conf.get().PUBLIC_URL
         path = conf.get().MCP_PATH
+        tenant = self.scope.get("url_route", {}).get("kwargs", {}).get("tenant")
+        if tenant:
+            # A tenant's own endpoint (``/mcp/t/<slug>``): a resource of its own.
+            path = tenant_resource(path, tenant)
         if public:
             return public.rstrip("/") + path
         scheme = "https" if self.scope.get("scheme") == "https" else "http"

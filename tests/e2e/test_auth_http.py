@@ -52,10 +52,12 @@ def _challenge(resp: httpx.Response) -> dict[str, str]:
     return dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', value))
 
 
-def _assert_401(resp: httpx.Response, server: Proc, *, error: str | None = "invalid_token") -> dict[str, str]:
+def _assert_401(
+    resp: httpx.Response, server: Proc, *, error: str | None = "invalid_token", path: str = "mcp"
+) -> dict[str, str]:
     assert resp.status_code == 401, (resp.status_code, resp.text)
     params = _challenge(resp)
-    assert params["resource_metadata"] == f"{server.base}/.well-known/oauth-protected-resource/mcp"
+    assert params["resource_metadata"] == f"{server.base}/.well-known/oauth-protected-resource/{path}"
     assert params["scope"] == "mcp:tools mcp:tasks"
     assert params.get("error") == error
     body = resp.json()
@@ -280,10 +282,14 @@ def issuer(stack: Stack) -> Iterator[_Jwks]:
 
 
 def test_external_jwt_is_accepted_and_binds_the_task(stack: Stack, auth_server: Proc, issuer: _Jwks) -> None:
-    # The issuer is advertised in the protected resource metadata.
-    prm = httpx.get(auth_server.base + "/.well-known/oauth-protected-resource/mcp").json()
+    # The tenant's own endpoint is where its identity provider's tokens are used: the 401
+    # there leads to the tenant's metadata, which advertises the issuer and names the endpoint.
+    tenant_url = auth_server.url + "/t/jwtco"
+    params = _assert_401(_post(auth_server, url=tenant_url), auth_server, error=None, path="mcp/t/jwtco")
+    prm = httpx.get(params["resource_metadata"]).json()
+    assert prm["resource"] == tenant_url
     assert issuer.issuer in prm["authorization_servers"]
-    with McpClient(auth_server.url, token=issuer.token(auth_server.url)) as c:
+    with McpClient(tenant_url, token=issuer.token(tenant_url)) as c:
         c.initialize()
         task = c.call_task("demo_sleep", {"ms": 20})
         assert c.request("tasks/result", {"taskId": task["taskId"]}).result["content"][0]["text"] == "Slept for 20 ms"
@@ -296,14 +302,14 @@ def test_external_jwt_is_accepted_and_binds_the_task(stack: Stack, auth_server: 
     ).stdout.split()
     assert out[-3:] == ["jwtco", "user", "user-1"]
     # Another subject of the same issuer is another principal: the task is not theirs.
-    with McpClient(auth_server.url, token=issuer.token(auth_server.url, sub="user-2")) as other:
+    with McpClient(tenant_url, token=issuer.token(tenant_url, sub="user-2")) as other:
         other.initialize()
         err = other.request("tasks/get", {"taskId": task["taskId"]}).error
         assert err == {"code": -32602, "message": "Failed to retrieve task: Task not found"}
 
 
 def test_refused_jwts(auth_server: Proc, issuer: _Jwks) -> None:
-    aud = auth_server.url
+    aud = auth_server.url + "/t/jwtco"
     stranger = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     cases = {
         "other audience": (
@@ -328,11 +334,18 @@ def test_refused_jwts(auth_server: Proc, issuer: _Jwks) -> None:
             "Token algorithm not allowed",
         ),
         "wrong tenant claim": (issuer.token(aud, org="someone-else"), "Access token is not for this tenant"),
+        # The audience is per tenant by default: the shared endpoint is another resource.
+        "the shared endpoint as audience": (
+            issuer.token(auth_server.url), "Access token was not issued for this resource"
+        ),
         "unknown issuer": (issuer.token(aud, iss="https://unknown.example/"), "Invalid access token"),
     }
     for name, (token, description) in cases.items():
-        params = _assert_401(_post(auth_server, token), auth_server)
+        params = _assert_401(_post(auth_server, token, url=aud), auth_server, path="mcp/t/jwtco")
         assert params["error_description"] == description, name
+    # A good token for the tenant's endpoint is refused at the shared one.
+    params = _assert_401(_post(auth_server, issuer.token(aud)), auth_server)
+    assert params["error_description"] == "Access token was not issued for this resource"
 
 
 # --- command-line tokens --------------------------------------------------------------------

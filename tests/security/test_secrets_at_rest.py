@@ -35,7 +35,7 @@ def test_secret_is_encrypted_in_the_database_and_still_verifies(tenant_a: Any) -
     raw = _raw_secret(row.pk)
     assert SECRET not in raw and raw.startswith("enc1:")
     assert ExternalIssuer.objects.get(pk=row.pk).shared_secret == SECRET
-    token = jwt.encode(jwt_claims(), SECRET, algorithm="HS256")
+    token = jwt.encode(jwt_claims(aud=RESOURCE), SECRET, algorithm="HS256")
     ctx = authenticate(headers={"authorization": f"Bearer {token}"}, query_string="", resource_url=RESOURCE)
     assert ctx.tenant_id == tenant_a.pk
 

@@ -12,6 +12,8 @@ import jwt
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 RESOURCE = "http://testserver/mcp"
+#: The "acme" tenant's own endpoint: the default audience of its external issuers' tokens.
+TENANT_RESOURCE = RESOURCE + "/t/acme"
 ISSUER = "https://login.example.test/"
 
 
@@ -71,7 +73,7 @@ def jwt_claims(**overrides: Any) -> dict[str, Any]:
     now = int(time.time())
     claims: dict[str, Any] = {
         "iss": ISSUER,
-        "aud": RESOURCE,
+        "aud": TENANT_RESOURCE,
         "sub": "user-42",
         "org": "acme",
         "scope": "mcp:tools mcp:tasks",

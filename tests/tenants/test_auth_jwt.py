@@ -12,11 +12,17 @@ import pytest
 
 from tenants.auth import AuthError, authenticate
 from tenants.models import ExternalIssuer, Principal
-from tests.tenants.tenants_testutil import ISSUER, KeyPair, jwt_claims
+from tests.tenants.tenants_testutil import ISSUER, TENANT_RESOURCE, KeyPair, jwt_claims
 
 pytestmark = pytest.mark.django_db
 
-PRM = "http://testserver/.well-known/oauth-protected-resource/mcp"
+PRM = "http://testserver/.well-known/oauth-protected-resource/mcp/t/acme"
+
+
+@pytest.fixture
+def resource_url() -> str:
+    """The tenant's own endpoint: where its identity provider's tokens are meant to be used."""
+    return TENANT_RESOURCE
 
 
 def _auth(token: str, resource_url: str) -> Any:
