@@ -189,19 +189,21 @@ def transition(
         if changed and terminal:
             # Unanswered server->client requests die with their task.
             TaskMessage.objects.filter(task_id=task.pk, answered_at__isnull=True).delete()
+        if changed and terminal and task.kind == Task.Kind.TASK:
+            # In the transition's own transaction: whoever sees the terminal status also finds
+            # its audit event, and a crash cannot keep one without the other.
+            record_audit_ids(
+                tenant_id=task.tenant_id,
+                principal_id=task.principal_id,
+                action=f"task.{to}",
+                task_id=task.task_id,
+                data={"statusMessage": status_message} if status_message else {},
+            )
     if not changed:
         return False
     for key, value in updates.items():
         setattr(task, key, value)
     _after_change(task)
-    if terminal and task.kind == Task.Kind.TASK:
-        record_audit_ids(
-            tenant_id=task.tenant_id,
-            principal_id=task.principal_id,
-            action=f"task.{to}",
-            task_id=task.task_id,
-            data={"statusMessage": status_message} if status_message else {},
-        )
     return True
 
 

@@ -17,15 +17,15 @@ from tests.conftest import require_multiprocess
 from tests.support.client import McpClient, SseEvent
 from tests.support.servers import Proc, Stack
 
-from .test_tasks_spec import in_background, wait_status
+from .test_tasks_spec import NO_BACKSTOP, in_background, wait_status
 
 
 @pytest.fixture(scope="module")
 def pair(stack: Stack) -> Iterator[tuple[Proc, Proc]]:
     """Daphne A and B (no embedded workers) and one separate worker process."""
     require_multiprocess()
-    a = stack.daphne(embedded_worker=False)
-    b = stack.daphne(embedded_worker=False)
+    a = stack.daphne(embedded_worker=False, extra_env=NO_BACKSTOP)
+    b = stack.daphne(embedded_worker=False, extra_env=NO_BACKSTOP)
     w = stack.worker(concurrency=4)
     yield a, b
     for p in (a, b, w):

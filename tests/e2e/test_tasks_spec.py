@@ -35,10 +35,15 @@ DEFAULT_POLL_MS = 1000
 # --- fixtures and helpers ----------------------------------------------------------------------
 
 
+#: The periodic re-check of a blocked tasks/result pushed far out, so a waiter that returns in
+#: time was woken by the change's signal (a lost signal fails the test instead of being hidden).
+NO_BACKSTOP = {"MCPTASKS_TASK_RESULT_RECHECK_S": "60"}
+
+
 @pytest.fixture(scope="module")
 def server(stack: Stack) -> Iterator[Proc]:
     """This module's daphne: a small tasks/list page size (plus a worker process when multi-process)."""
-    procs = [stack.daphne(extra_env={"MCPTASKS_TASK_LIST_PAGE_SIZE": str(PAGE_SIZE)})]
+    procs = [stack.daphne(extra_env={"MCPTASKS_TASK_LIST_PAGE_SIZE": str(PAGE_SIZE), **NO_BACKSTOP})]
     if stack.multi_process:
         procs.append(stack.worker(concurrency=8))
     yield procs[0]

@@ -312,10 +312,18 @@ def test_sync_tool_sees_cancellation(mp: Stack, daphne_a: Proc, procs: list[Proc
 
 
 def test_max_concurrency_holds_across_two_workers(mp: Stack, daphne_a: Proc, procs: list[Proc]) -> None:
-    procs += [mp.worker(concurrency=4), mp.worker(concurrency=4)]
+    pool = [mp.worker(concurrency=4), mp.worker(concurrency=4)]
+    procs += pool
     prefix = "serial-" + secrets.token_hex(3)
     with new_client(daphne_a) as client:
         ids = [client.call_task("test_serial", {"key": f"{prefix}-{i}", "ms": 200})["taskId"] for i in range(6)]
+        # Both workers compete for every slot; the one that ran the first task then drains and
+        # leaves, so the other certainly runs some too (a finishing worker tends to re-claim
+        # first, which would let one worker run them all and prove nothing).
+        assert wait_terminal(client, ids[0])["status"] == "completed"
+        first = task_row(mp, ids[0])["worker_id"]
+        leaving = next(w for w in pool if worker_id_of(w) == first)
+        assert leaving.terminate(timeout=15) == 0
         for tid in ids:
             assert wait_terminal(client, tid)["status"] == "completed"
     rows = sql(mp, "SELECT task_key, event, at FROM mcptasks_testing_runrecord WHERE task_key LIKE %s "
@@ -326,7 +334,7 @@ def test_max_concurrency_holds_across_two_workers(mp: Stack, daphne_a: Proc, pro
         running += 1 if event == "start" else -1
         assert running <= 1, rows  # max_concurrency=1 across both workers
     workers = {r[0] for r in sql(mp, "SELECT DISTINCT worker_id FROM mcptasks_task WHERE task_id = ANY(%s)", (ids,))}
-    assert len(workers) >= 1
+    assert workers == {worker_id_of(w) for w in pool}
 
 
 def test_timeout_fails_task_with_status_message(mp: Stack, daphne_a: Proc, procs: list[Proc]) -> None:

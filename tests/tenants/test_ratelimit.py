@@ -27,9 +27,18 @@ def _set(tenant: Tenant, **limits: Any) -> None:
     clear_limits_cache()
 
 
-def test_unlimited_by_default(auth: AuthContext) -> None:
-    for _ in range(50):
-        check_rate(auth=auth, op_class="create")
+def test_unlimited_by_default(tenant: Tenant, auth: AuthContext) -> None:
+    # No limit: far past any budget, nothing is refused and no counter is kept at all.
+    with mock.patch("tenants.ratelimit.kv.call") as counters:
+        for _ in range(500):
+            for op_class in ("create", "read", "other"):
+                check_rate(auth=auth, op_class=op_class)  # type: ignore[arg-type]
+    counters.assert_not_called()
+    # The same calls against a limit are counted and refused (so the loop above could fail).
+    _set(tenant, rate_create_per_min=5)
+    with pytest.raises(RateLimited):
+        for _ in range(500):
+            check_rate(auth=auth, op_class="create")
 
 
 def test_limit_per_class(tenant: Tenant, auth: AuthContext) -> None:
