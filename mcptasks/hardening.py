@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
 
@@ -121,3 +122,20 @@ def install_body_limit() -> None:
     WebRequest.gotLength = got_length  # type: ignore[method-assign]
     WebRequest.handleContentChunk = handle_chunk  # type: ignore[method-assign]
     WebRequest._mcptasks_body_limit = True  # type: ignore[attr-defined]
+
+
+class ClientErrorsWithoutTraceback(logging.Filter):
+    """Drop the traceback Django attaches to 4xx responses on ``django.request``.
+
+    A 403 from the admin (``PermissionDenied``) or a 400 (``SuspiciousOperation``) is the
+    client's mistake: one line says so; a traceback would flood the log and tell an operator
+    nothing. 5xx records keep theirs.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Keep the record; strip exc_info when its response was a client error."""
+        status = getattr(record, "status_code", None)
+        if isinstance(status, int) and 400 <= status < 500:
+            record.exc_info = None
+            record.exc_text = None
+        return True

@@ -167,9 +167,15 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "filters": {"client_errors_without_traceback": {"()": "mcptasks.hardening.ClientErrorsWithoutTraceback"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
-    "loggers": {"daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"}},
+    "loggers": {
+        "daphne": {"level": "WARNING"},
+        "django.channels.server": {"level": "WARNING"},
+        # On the logger itself, so every handler (and Django's own) sees the stripped record.
+        "django.request": {"filters": ["client_errors_without_traceback"]},
+    },
 }
 
 # --- mcptasks application settings (typed defaults and checks live in mcptasks/conf.py) ---

@@ -1,11 +1,23 @@
-"""Demo tools: one per behaviour a client wants to try (sleep, fail, crash, progress, ask, sample)."""
+"""Demo tools (one per behaviour a client wants to try: sleep, fail, crash, progress, ask, sample),
+plus a demo resource, resource template and prompt, so every list a client opens has something in it."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
-from mcptasks.registry import SyncToolContext, ToolContext, ToolResult, text, tool
+from mcptasks.registry import (
+    SyncToolContext,
+    ToolContext,
+    ToolResult,
+    prompt,
+    registry,
+    resource,
+    resource_template,
+    text,
+    tool,
+)
 
 
 @tool(
@@ -82,3 +94,39 @@ def demo_sync_sleep(ms: int = 1000, ctx: SyncToolContext | None = None) -> str:
         ctx.check_cancelled()
         time.sleep(0.02)
     return f"Slept for {ms} ms (sync)"
+
+
+# --- resources and prompts -----------------------------------------------------------------------
+
+
+@resource("demo://tools", name="demo-tools", title="Demo tools",
+          description="The demo tools and how each may be called (JSON).", mime_type="application/json")
+def demo_tools() -> str:
+    """Every demo tool with its description and task support, read from the registry."""
+    listed = [
+        {"name": t.name, "description": t.description, "taskSupport": t.task_support}
+        for t in registry.sorted_tools()
+        if t.name.startswith("demo_")
+    ]
+    return json.dumps(listed, indent=2)
+
+
+@resource_template("demo://echo/{message}", name="demo-echo", title="Echo",
+                   description="Reads back the `message` in the URI.", mime_type="text/plain")
+def demo_echo(message: str) -> str:
+    """The template variable, as text."""
+    return message
+
+
+@prompt(
+    "demo_task_walkthrough",
+    title="Try a durable task",
+    description="Asks the model to run demo_sleep as a task and report its outcome.",
+    arguments=[{"name": "ms", "description": "How long the tool sleeps, in milliseconds", "required": False}],
+)
+def demo_task_walkthrough(ms: str = "2000") -> list[dict[str, object]]:
+    """One user message that walks through create, poll and result."""
+    return [{"role": "user", "content": text(
+        f"Call the tool demo_sleep with ms={ms} as a task (pass a `task` parameter), poll tasks/get "
+        "until it is completed, then fetch the result with tasks/result and tell me what it said."
+    )}]

@@ -1,0 +1,178 @@
+"""Soak: a mixed load over 2 daphne processes and 2 workers on PostgreSQL + Redis.
+
+Usage (PostgreSQL and Redis as in CI; default 600 s)::
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/0 \\
+        .venv/bin/python bench/soak.py [seconds]
+
+Client threads, spread over both web processes, run in a loop: create a task and wait for its
+result through ``tasks/result``; create and poll with ``tasks/get``; create and cancel; answer an
+elicitation; follow a task's progress on a stream that is dropped after the first event and
+resumed with ``Last-Event-ID`` (on the other process). Prints the resident memory of each
+process at start and end, error counts and latency percentiles per operation.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.support.client import McpClient, SseEvent
+from tests.support.servers import Proc, make_stack
+
+TERMINAL = {"completed", "failed", "cancelled"}
+
+
+class Stats:
+    """Latencies and errors per operation, shared by the client threads."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.latency: dict[str, list[float]] = defaultdict(list)
+        self.errors: dict[str, int] = defaultdict(int)
+        self.examples: dict[str, str] = {}
+
+    def time(self, op: str, fn: Callable[[], Any]) -> Any:
+        t0 = time.perf_counter()
+        try:
+            value = fn()
+        except Exception as exc:
+            self.error(op, repr(exc))
+            return None
+        with self.lock:
+            self.latency[op].append(time.perf_counter() - t0)
+        return value
+
+    def error(self, op: str, what: str) -> None:
+        with self.lock:
+            self.errors[op] += 1
+            self.examples.setdefault(op, what[:300])
+
+
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def scenario(name: str, web: list[Proc], stats: Stats, stop: float, worker_no: int) -> None:
+    """One client thread: ``name`` in a loop until ``stop``."""
+    home, other = web[worker_no % 2], web[(worker_no + 1) % 2]
+    client = McpClient(home.url, timeout=60)
+    client.initialize()
+    while time.monotonic() < stop:
+        if name == "result":
+            task = stats.time("create", lambda: client.call_task("demo_sleep", {"ms": 200}))
+            if task:
+                reply = stats.time("result", lambda t=task: client.request("tasks/result", {"taskId": t["taskId"]}))
+                if reply is not None and reply.message and "error" in reply.message:
+                    stats.error("result", str(reply.message))
+        elif name == "poll":
+            task = stats.time("create", lambda: client.call_task("demo_sleep", {"ms": 300}))
+            status = "working"
+            while task and status not in TERMINAL and time.monotonic() < stop + 30:
+                got = stats.time("get", lambda t=task: client.request("tasks/get", {"taskId": t["taskId"]}))
+                status = got.result["status"] if got is not None and got.message and "result" in got.message else "?"
+                if status == "?":
+                    break
+                time.sleep(0.1)
+        elif name == "cancel":
+            task = stats.time("create", lambda: client.call_task("demo_sleep", {"ms": 5000}))
+            if task:
+                time.sleep(0.2)
+                reply = stats.time("cancel", lambda t=task: client.request("tasks/cancel", {"taskId": t["taskId"]}))
+                if reply is not None and reply.result.get("status") != "cancelled":
+                    stats.error("cancel", str(reply.message))
+        elif name == "elicit":
+            task = stats.time("create", lambda: client.call_task("demo_ask", {"question": "name?"}))
+            if task:
+                reply = stats.time("elicit", lambda t=task: client.request(
+                    "tasks/result", {"taskId": t["taskId"]},
+                    on_request=lambda r: {"action": "accept", "content": {"answer": "soak"}},
+                ))
+                if reply is not None and (not reply.message or "result" not in reply.message
+                                          or reply.result["content"][0]["text"] != "soak"):
+                    stats.error("elicit", str(reply.message))
+        elif name == "resume":
+            task = stats.time("create", lambda: client.call_task("demo_progress", {"steps": 4, "interval_ms": 100}))
+            if not task:
+                continue
+            seen: list[SseEvent] = []
+
+            def first_only(ev: SseEvent, seen: list[SseEvent] = seen) -> bool:
+                seen.append(ev)
+                return ev.message is not None
+
+            tid = task["taskId"]
+            client.request("tasks/result", {"taskId": tid}, on_event=first_only)
+            last = next((e.id for e in reversed(seen) if e.id), None)
+            if last is None:
+                stats.error("resume", "no event id on the first stream")
+                continue
+            twin = McpClient(other.url, timeout=60)
+            twin.session_id, twin.protocol_version = client.session_id, client.protocol_version
+            reply = stats.time("resume", lambda tw=twin, ev=last: tw.resume(ev, method="tasks/result"))
+            twin.close()
+            if reply is not None and (not reply.message or "result" not in reply.message):
+                stats.error("resume", str(reply.message))
+    client.close()
+
+
+def main() -> None:
+    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 600.0
+    if not os.environ.get("DATABASE_URL", "").startswith("postgres") or not os.environ.get("REDIS_URL"):
+        sys.exit("set DATABASE_URL (PostgreSQL) and REDIS_URL")
+    stack, teardown = make_stack(Path(tempfile.mkdtemp(prefix="soak-")))
+    try:
+        settings = {"MCPTASKS_ALLOW_ANONYMOUS": "1"}
+        web = [stack.daphne(embedded_worker=False, extra_env=settings) for _ in range(2)]
+        workers = [stack.worker(concurrency=16, extra_env=settings) for _ in range(2)]
+        procs = {f"web{i + 1}": p for i, p in enumerate(web)} | {f"worker{i + 1}": p for i, p in enumerate(workers)}
+        McpClient(web[0].url).initialize()  # warm up
+        start_rss = {k: rss_kb(p.popen.pid) for k, p in procs.items()}
+        stats = Stats()
+        stop = time.monotonic() + seconds
+        mix = ["result"] * 4 + ["poll"] * 4 + ["cancel"] * 2 + ["elicit"] * 2 + ["resume"] * 2
+        threads = [threading.Thread(target=scenario, args=(n, web, stats, stop, i), daemon=True)
+                   for i, n in enumerate(mix)]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(seconds + 120)
+        elapsed = time.monotonic() - t0
+        end_rss = {k: rss_kb(p.popen.pid) for k, p in procs.items()}
+        alive = {k: p.alive for k, p in procs.items()}
+        print(f"soak: {elapsed:.0f} s, {len(threads)} client threads over 2 web processes, 2 workers")
+        print("| process | RSS start (MB) | RSS end (MB) | alive |")
+        print("|---|---|---|---|")
+        for k in procs:
+            print(f"| {k} | {start_rss[k] / 1024:.1f} | {end_rss[k] / 1024:.1f} | {alive[k]} |")
+        print("\n| operation | count | errors | p50 ms | p99 ms | max ms |")
+        print("|---|---|---|---|---|---|")
+        for op in sorted(set(stats.latency) | set(stats.errors)):
+            xs = sorted(stats.latency.get(op, [])) or [0.0]
+            p99 = xs[min(len(xs) - 1, int(len(xs) * 0.99))]
+            print(f"| {op} | {len(stats.latency.get(op, []))} | {stats.errors.get(op, 0)} | "
+                  f"{statistics.median(xs) * 1000:.1f} | {p99 * 1000:.1f} | {xs[-1] * 1000:.1f} |")
+        for op, example in stats.examples.items():
+            print(f"first {op} error: {example}")
+        tracebacks = {k: p.log_text().count("Traceback") for k, p in procs.items()}
+        print(f"\ntracebacks in process logs: {tracebacks}")
+    finally:
+        teardown()
+
+
+if __name__ == "__main__":
+    main()
