@@ -17,15 +17,16 @@ django_asgi = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
-from mcptasks import conf, hardening  # noqa: E402
+from mcptasks import hardening  # noqa: E402
 from mcptasks.runtime import EmbeddedRuntime  # noqa: E402
 from mcptasks.transport.consumer import McpConsumer  # noqa: E402
+from tenants import conf as tenant_conf  # noqa: E402
 
 hardening.require_production_secret_key("web process")
 hardening.install_access_log_redaction()
 hardening.install_body_limit()
 
-_mcp_path = conf.get().MCP_PATH.strip("/")
+_mcp_path = tenant_conf.get().MCP_PATH.strip("/")
 
 router = ProtocolTypeRouter(
     {

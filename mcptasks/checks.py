@@ -7,6 +7,8 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 
+from tenants import conf as tenant_conf
+
 from . import conf
 from .hardening import DEV_SECRET_PREFIX
 
@@ -34,8 +36,11 @@ def check_app_settings(app_configs: Any, **kwargs: Any) -> list[Any]:
     """Consistency of the MCPTASKS_* settings."""
     s = conf.get()
     problems: list[Any] = []
-    if not s.MCP_PATH.startswith("/"):
+    if not tenant_conf.get().MCP_PATH.startswith("/"):
         problems.append(Error("MCPTASKS_MCP_PATH must start with '/'.", id="mcptasks.E001"))
+    for key in conf.unknown_keys():
+        problems.append(Warning(f"settings.MCPTASKS has an unknown key {key!r}.",
+                                hint="Check its spelling against docs/settings.md.", id="mcptasks.W004"))
     if s.WORKER_HEARTBEAT_S >= s.WORKER_LEASE_S:
         problems.append(
             Error(
@@ -44,14 +49,7 @@ def check_app_settings(app_configs: Any, **kwargs: Any) -> list[Any]:
                 id="mcptasks.E002",
             )
         )
-    if s.TASK_DEFAULT_TTL_MS > s.TASK_MAX_TTL_MS:
-        problems.append(
-            Warning(
-                "MCPTASKS_TASK_DEFAULT_TTL_MS exceeds MCPTASKS_TASK_MAX_TTL_MS; the default is clamped to the max.",
-                id="mcptasks.W002",
-            )
-        )
-    for name in ("MAX_BODY_BYTES", "TASK_POLL_INTERVAL_MS", "TASK_LIST_PAGE_SIZE", "TOOLS_PAGE_SIZE",
+    for name in ("MAX_BODY_BYTES", "TASK_LIST_PAGE_SIZE", "TOOLS_PAGE_SIZE",
                  "CLEANUP_BATCH_SIZE", "WORKER_CONCURRENCY", "TASK_MAX_ATTEMPTS"):
         if getattr(s, name) < 1:
             problems.append(Error(f"MCPTASKS_{name} must be at least 1.", id="mcptasks.E003"))

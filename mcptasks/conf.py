@@ -1,69 +1,105 @@
-"""Typed access to the ``MCPTASKS`` settings dict, with defaults for anything not set."""
+"""The mcptasks settings: one typed definition each, with its default and meaning.
+
+``settings.py`` fills ``settings.MCPTASKS`` from the environment (``MCPTASKS_<NAME>``, see
+:mod:`tenants.typed_settings`); :func:`get` returns the cached, typed view;
+``docs/settings.md`` is generated from these fields (``manage.py mcptasks_settings_doc``), and a
+system check warns about keys that name no setting. The endpoint's path and public URL, and
+anonymous access, are the tenants app's settings (``tenants.conf``): they define the OAuth
+protected resource.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
-from django.conf import settings
+from django.core.signals import setting_changed
+
+from tenants.typed_settings import Loader, setting
 
 
 @dataclass(frozen=True)
 class AppSettings:
-    """Every mcptasks setting, typed, with its default (see README, "Settings")."""
+    """Every mcptasks setting: type, default and meaning."""
 
-    MCP_PATH: str = "/mcp"
-    PUBLIC_URL: str = ""
-    ALLOWED_ORIGINS: tuple[str, ...] = ()
-    MAX_BODY_BYTES: int = 4 * 1024 * 1024
-    SESSION_IDLE_TIMEOUT_S: int = 24 * 3600
-    SSE_RETRY_MS: int = 1000
-    SSE_KEEPALIVE_S: float = 15.0
-    SSE_MAX_STREAM_S: float = 300.0
-    SSE_RETENTION_S: int = 600
-    TOOLS_PAGE_SIZE: int = 50
-    TASK_DEFAULT_TTL_MS: int = 3_600_000
-    TASK_MAX_TTL_MS: int = 86_400_000
-    TASK_POLL_INTERVAL_MS: int = 1000
-    TASK_LIST_PAGE_SIZE: int = 50
-    TASK_RESULT_RECHECK_S: float = 5.0
-    REQUEST_RETENTION_S: int = 600
-    CLEANUP_INTERVAL_S: float = 60.0
-    CLEANUP_BATCH_SIZE: int = 500
-    EMBEDDED_WORKER: bool = False
-    WORKER_CONCURRENCY: int = 8
-    WORKER_LEASE_S: float = 30.0
-    WORKER_HEARTBEAT_S: float = 5.0
-    WORKER_POLL_S: float = 2.0
-    WORKER_SHUTDOWN_GRACE_S: float = 20.0
-    TASK_MAX_ATTEMPTS: int = 3
-    #: Largest tool result (JSON bytes) stored; a larger one fails its task with a clear message.
-    RESULT_MAX_BYTES: int = 16 * 1024 * 1024
-    #: Channel layer (Redis): socket read timeout. Must exceed the layer's 5 s blocking read.
-    REDIS_SOCKET_TIMEOUT_S: float = 10.0
-    #: Channel layer (Redis): connect timeout.
-    REDIS_CONNECT_TIMEOUT_S: float = 2.0
-    #: Channel layer (Redis): idle connections are pinged before use after this many seconds.
-    REDIS_HEALTH_CHECK_S: float = 15.0
-    #: Channel layer (Redis): connections per event loop (a blocking pool: callers wait).
-    REDIS_LAYER_POOL_SIZE: int = 50
-    #: Channel layer (Redis): longest wait for a free pooled connection.
-    REDIS_LAYER_POOL_TIMEOUT_S: float = 5.0
-    #: Longest wait for a wake-up or stream push through the layer; past it the send is
-    #: dropped (receivers re-read the database) and sends pause for ``REDIS_BREAKER_S``.
-    LAYER_SEND_TIMEOUT_S: float = 0.5
-    #: After a layer failure, streams re-read the database and try to rejoin their groups
-    #: this often until Redis answers again.
-    LAYER_FALLBACK_POLL_S: float = 1.0
-    #: Bearer token that ``GET /metrics`` requires; empty: ``/metrics`` answers loopback only.
-    METRICS_TOKEN: str = ""
-    ALLOW_ANONYMOUS: bool = False
-    DEFAULT_TENANT: str = "default"
+    ALLOWED_ORIGINS: tuple[str, ...] = setting(
+        (), "Allowed browser `Origin`s besides same-origin (`*` allows all). Any other Origin gets 403."
+    )
+    MAX_BODY_BYTES: int = setting(4 * 1024 * 1024, "Larger POST bodies get 413.")
+    SESSION_IDLE_TIMEOUT_S: int = setting(
+        24 * 3600, "Sessions idle this long (and ended sessions after it) are deleted by cleanup."
+    )
+    SSE_RETRY_MS: int = setting(1000, "`retry:` hint sent in priming events and before the server closes a connection.")
+    SSE_KEEPALIVE_S: float = setting(15.0, "Keep-alive comment interval on idle SSE streams.")
+    SSE_MAX_STREAM_S: float = setting(
+        300.0,
+        "After this long, the server closes an SSE connection (with `retry:`). "
+        "The client resumes with `Last-Event-ID` and loses nothing.",
+    )
+    SSE_RETENTION_S: int = setting(600, "How long SSE events are kept for replay.")
+    TOOLS_PAGE_SIZE: int = setting(50, "`tools/list` page size.")
+    TASK_LIST_PAGE_SIZE: int = setting(50, "`tasks/list` page size.")
+    TASK_RESULT_RECHECK_S: float = setting(
+        5.0, "A blocked `tasks/result` wakes on a channel-layer signal. This is the backstop re-check interval."
+    )
+    REQUEST_RETENTION_S: int = setting(
+        600, "Plain requests untouched this long are deleted by cleanup once finished (or when their session is gone)."
+    )
+    CLEANUP_INTERVAL_S: float = setting(60.0, "How often web processes and workers run cleanup.")
+    CLEANUP_BATCH_SIZE: int = setting(500, "Rows deleted per cleanup transaction.")
+    EMBEDDED_WORKER: bool = setting(False, "Run the worker inside the web process.", shown="`0` (`1` under `serve`)")
+    WORKER_CONCURRENCY: int = setting(8, "Tools a worker runs at once.")
+    WORKER_LEASE_S: float = setting(30.0, "Lease length. A task whose lease lapses is reclaimed.")
+    WORKER_HEARTBEAT_S: float = setting(
+        5.0, "Lease renewal and cancel-flag read interval. Must be shorter than the lease."
+    )
+    WORKER_POLL_S: float = setting(2.0, "Backstop claim polling when no wake-up arrives.")
+    WORKER_SHUTDOWN_GRACE_S: float = setting(
+        20.0, "On SIGTERM, running tools get this long before they are handed back."
+    )
+    TASK_MAX_ATTEMPTS: int = setting(3, "Attempts of a retryable tool after worker crashes.")
+    RESULT_MAX_BYTES: int = setting(
+        16 * 1024 * 1024,
+        "Largest tool result stored. A larger one, one that is not JSON, or one with NUL characters or "
+        'unpaired surrogates fails its task at once ("Tool returned a result that cannot be stored: …", '
+        "and -32603 from `tasks/result`).",
+    )
+    REDIS_SOCKET_TIMEOUT_S: float = setting(
+        10.0, "Channel layer: socket read timeout. Must exceed the layer's 5 s blocking read (check `mcptasks.E004`)."
+    )
+    REDIS_CONNECT_TIMEOUT_S: float = setting(2.0, "Channel layer: connect timeout.")
+    REDIS_HEALTH_CHECK_S: float = setting(15.0, "Channel layer: a connection idle this long is pinged before use.")
+    REDIS_LAYER_POOL_SIZE: int = setting(
+        50, "Channel layer: connections per event loop (a blocking pool: callers wait for a free one)."
+    )
+    REDIS_LAYER_POOL_TIMEOUT_S: float = setting(5.0, "Channel layer: longest wait for a free connection.")
+    LAYER_SEND_TIMEOUT_S: float = setting(
+        0.5, "Longest wait for a wake-up or stream push; past it the send is dropped (receivers re-read the database)."
+    )
+    LAYER_FALLBACK_POLL_S: float = setting(
+        1.0,
+        "After a channel-layer failure, open streams re-read the database and try to rejoin their groups this often.",
+    )
+    METRICS_TOKEN: str = setting(
+        "",
+        "Bearer token `GET /metrics` requires. Unset: `/metrics` answers only requests from loopback.",
+        shown="unset",
+    )
+
+
+_loader: Loader[AppSettings] = Loader(AppSettings, "MCPTASKS")
+setting_changed.connect(_loader.reset_on("MCPTASKS"), weak=False)
 
 
 def get() -> AppSettings:
-    """Current settings (read on each call so tests can override ``settings.MCPTASKS``)."""
-    raw: dict[str, Any] = getattr(settings, "MCPTASKS", {})
-    known = {f.name for f in fields(AppSettings)}
-    values: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in raw.items() if k in known}
-    return AppSettings(**values)
+    """Current settings (cached; rebuilt when ``settings.MCPTASKS`` changes)."""
+    return _loader.get()
+
+
+def reset() -> None:
+    """Forget the cached settings (after changing ``settings.MCPTASKS`` in place)."""
+    _loader.reset()
+
+
+def unknown_keys() -> list[str]:
+    """Keys of ``settings.MCPTASKS`` that name no setting."""
+    return _loader.unknown_keys()

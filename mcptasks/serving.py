@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from tenants import conf as tenant_conf
+
 from . import conf
 
 INIT_BODY = (
@@ -24,7 +26,7 @@ class DevServer:
     def url(self) -> str:
         """The MCP endpoint URL."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}{conf.get().MCP_PATH}"
+        return f"http://{host}:{self.port}{tenant_conf.get().MCP_PATH}"
 
     def dev_token(self) -> str:
         """A bearer token of the demo tenant (created on first start)."""

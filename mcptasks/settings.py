@@ -14,6 +14,10 @@ from urllib.parse import urlsplit
 
 import environ
 
+from mcptasks.conf import AppSettings
+from tenants.conf import TenantSettings
+from tenants.typed_settings import read_env
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()
 
@@ -110,11 +114,8 @@ elif _db["ENGINE"].startswith("django.db.backends.postgresql"):
 
 REDIS_URL = env.str("REDIS_URL", default="")
 CHANNEL_PREFIX = env.str("MCPTASKS_CHANNEL_PREFIX", default="mcptasks")
-_REDIS_SOCKET_TIMEOUT_S = env.float("MCPTASKS_REDIS_SOCKET_TIMEOUT_S", default=10.0)
-_REDIS_CONNECT_TIMEOUT_S = env.float("MCPTASKS_REDIS_CONNECT_TIMEOUT_S", default=2.0)
-_REDIS_HEALTH_CHECK_S = env.float("MCPTASKS_REDIS_HEALTH_CHECK_S", default=15.0)
-_REDIS_LAYER_POOL_SIZE = env.int("MCPTASKS_REDIS_LAYER_POOL_SIZE", default=50)
-_REDIS_LAYER_POOL_TIMEOUT_S = env.float("MCPTASKS_REDIS_LAYER_POOL_TIMEOUT_S", default=5.0)
+# The channel layer's connection settings, typed and defaulted by mcptasks.conf.AppSettings.
+_LAYER = AppSettings(**read_env(AppSettings))
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
@@ -125,18 +126,18 @@ if REDIS_URL:
                     {
                         "address": REDIS_URL,
                         # Above the layer's 5 s blocking read, or every quiet stream fails.
-                        "socket_timeout": _REDIS_SOCKET_TIMEOUT_S,
-                        "socket_connect_timeout": _REDIS_CONNECT_TIMEOUT_S,
+                        "socket_timeout": _LAYER.REDIS_SOCKET_TIMEOUT_S,
+                        "socket_connect_timeout": _LAYER.REDIS_CONNECT_TIMEOUT_S,
                         "socket_keepalive": True,
-                        "health_check_interval": _REDIS_HEALTH_CHECK_S,
+                        "health_check_interval": _LAYER.REDIS_HEALTH_CHECK_S,
                     }
                 ],
                 "prefix": f"{CHANNEL_PREFIX}:layer:",
                 "capacity": 1000,
                 "expiry": 60,
                 "group_expiry": 86400,
-                "pool_size": _REDIS_LAYER_POOL_SIZE,
-                "pool_timeout": _REDIS_LAYER_POOL_TIMEOUT_S,
+                "pool_size": _LAYER.REDIS_LAYER_POOL_SIZE,
+                "pool_timeout": _LAYER.REDIS_LAYER_POOL_TIMEOUT_S,
             },
         }
     }
@@ -178,46 +179,11 @@ LOGGING = {
     },
 }
 
-# --- mcptasks application settings (typed defaults and checks live in mcptasks/conf.py) ---
-MCPTASKS = {
-    "MCP_PATH": env.str("MCPTASKS_MCP_PATH", default="/mcp"),
-    "PUBLIC_URL": env.str("MCPTASKS_PUBLIC_URL", default=""),
-    "ALLOWED_ORIGINS": env.list("MCPTASKS_ALLOWED_ORIGINS", default=[]),
-    "MAX_BODY_BYTES": env.int("MCPTASKS_MAX_BODY_BYTES", default=4 * 1024 * 1024),
-    "SESSION_IDLE_TIMEOUT_S": env.int("MCPTASKS_SESSION_IDLE_TIMEOUT_S", default=24 * 3600),
-    "SSE_RETRY_MS": env.int("MCPTASKS_SSE_RETRY_MS", default=1000),
-    "SSE_KEEPALIVE_S": env.float("MCPTASKS_SSE_KEEPALIVE_S", default=15.0),
-    "SSE_MAX_STREAM_S": env.float("MCPTASKS_SSE_MAX_STREAM_S", default=300.0),
-    "SSE_RETENTION_S": env.int("MCPTASKS_SSE_RETENTION_S", default=600),
-    "TOOLS_PAGE_SIZE": env.int("MCPTASKS_TOOLS_PAGE_SIZE", default=50),
-    "TASK_DEFAULT_TTL_MS": env.int("MCPTASKS_TASK_DEFAULT_TTL_MS", default=3_600_000),
-    "TASK_MAX_TTL_MS": env.int("MCPTASKS_TASK_MAX_TTL_MS", default=86_400_000),
-    "TASK_POLL_INTERVAL_MS": env.int("MCPTASKS_TASK_POLL_INTERVAL_MS", default=1000),
-    "TASK_LIST_PAGE_SIZE": env.int("MCPTASKS_TASK_LIST_PAGE_SIZE", default=50),
-    "TASK_RESULT_RECHECK_S": env.float("MCPTASKS_TASK_RESULT_RECHECK_S", default=5.0),
-    "REQUEST_RETENTION_S": env.int("MCPTASKS_REQUEST_RETENTION_S", default=600),
-    "CLEANUP_INTERVAL_S": env.float("MCPTASKS_CLEANUP_INTERVAL_S", default=60.0),
-    "CLEANUP_BATCH_SIZE": env.int("MCPTASKS_CLEANUP_BATCH_SIZE", default=500),
-    "EMBEDDED_WORKER": env.bool("MCPTASKS_EMBEDDED_WORKER", default=False),
-    "WORKER_CONCURRENCY": env.int("MCPTASKS_WORKER_CONCURRENCY", default=8),
-    "WORKER_LEASE_S": env.float("MCPTASKS_WORKER_LEASE_S", default=30.0),
-    "WORKER_HEARTBEAT_S": env.float("MCPTASKS_WORKER_HEARTBEAT_S", default=5.0),
-    "WORKER_POLL_S": env.float("MCPTASKS_WORKER_POLL_S", default=2.0),
-    "WORKER_SHUTDOWN_GRACE_S": env.float("MCPTASKS_WORKER_SHUTDOWN_GRACE_S", default=20.0),
-    "TASK_MAX_ATTEMPTS": env.int("MCPTASKS_TASK_MAX_ATTEMPTS", default=3),
-    "RESULT_MAX_BYTES": env.int("MCPTASKS_RESULT_MAX_BYTES", default=16 * 1024 * 1024),
-    "REDIS_SOCKET_TIMEOUT_S": _REDIS_SOCKET_TIMEOUT_S,
-    "REDIS_CONNECT_TIMEOUT_S": _REDIS_CONNECT_TIMEOUT_S,
-    "REDIS_HEALTH_CHECK_S": _REDIS_HEALTH_CHECK_S,
-    "REDIS_LAYER_POOL_SIZE": _REDIS_LAYER_POOL_SIZE,
-    "REDIS_LAYER_POOL_TIMEOUT_S": _REDIS_LAYER_POOL_TIMEOUT_S,
-    "LAYER_SEND_TIMEOUT_S": env.float("MCPTASKS_LAYER_SEND_TIMEOUT_S", default=0.5),
-    "LAYER_FALLBACK_POLL_S": env.float("MCPTASKS_LAYER_FALLBACK_POLL_S", default=1.0),
-    "METRICS_TOKEN": env.str("MCPTASKS_METRICS_TOKEN", default=""),
-    "ALLOW_ANONYMOUS": env.bool("MCPTASKS_ALLOW_ANONYMOUS", default=False),
-    "DEFAULT_TENANT": env.str("MCPTASKS_DEFAULT_TENANT", default="default"),
-}
+# --- app settings: every MCPTASKS_<NAME> variable that is set, typed (defaults and meanings
+# live in mcptasks/conf.py and tenants/conf.py, the one definition of each) ---
+MCPTASKS = read_env(AppSettings)
 
+_PUBLIC_URL = TenantSettings(**read_env(TenantSettings)).PUBLIC_URL
 OAUTH2_PROVIDER = {
     # Scopes bounded by operator grants per application and membership (tenants/oauth.py).
     "OAUTH2_VALIDATOR_CLASS": "tenants.oauth.TenantOAuth2Validator",
@@ -242,33 +208,11 @@ OAUTH2_PROVIDER = {
     "OAUTH2_GRANT_TYPES_SUPPORTED": ["authorization_code", "client_credentials", "refresh_token"],
     "OAUTH2_RESPONSE_TYPES_SUPPORTED": ["code"],
     # Issuer of the built-in AS: the origin of MCPTASKS_PUBLIC_URL when set, else per request.
-    "OIDC_ISS_ENDPOINT": "{0.scheme}://{0.netloc}".format(urlsplit(env.str("MCPTASKS_PUBLIC_URL", default="")))
-    if env.str("MCPTASKS_PUBLIC_URL", default="")
-    else "",
+    "OIDC_ISS_ENDPOINT": "{0.scheme}://{0.netloc}".format(urlsplit(_PUBLIC_URL)) if _PUBLIC_URL else "",
 }
 LOGIN_URL = "/accounts/login/"
 
 # --- tenants app (Tenants and OAuth; typed defaults in tenants/conf.py) ---
-TENANTS = {
-    # Serve the built-in authorization server (django-oauth-toolkit under /o/) and list it in
-    # the protected resource metadata. Off: only external issuers' JWTs are accepted.
-    "BUILTIN_AS": env.bool("MCPTASKS_BUILTIN_AS", default=True),
-    # JWKS documents of external issuers are cached this long ...
-    "JWKS_CACHE_S": env.int("MCPTASKS_JWKS_CACHE_S", default=3600),
-    # ... and re-fetched on an unknown ``kid`` at most once per this many seconds.
-    "JWKS_MIN_REFRESH_S": env.int("MCPTASKS_JWKS_MIN_REFRESH_S", default=30),
-    "JWKS_HTTP_TIMEOUT_S": env.float("MCPTASKS_JWKS_HTTP_TIMEOUT_S", default=5.0),
-    "JWKS_FAILURE_CACHE_S": env.float("MCPTASKS_JWKS_FAILURE_CACHE_S", default=30.0),
-    # Plain-http JWKS URLs are refused except on loopback hosts unless this is on.
-    "JWKS_ALLOW_HTTP": env.bool("MCPTASKS_JWKS_ALLOW_HTTP", default=False),
-    # Tenant limits are re-read from the database at least this often (admin edits apply live).
-    "LIMITS_CACHE_S": env.float("MCPTASKS_TENANT_LIMITS_CACHE_S", default=2.0),
-    "LOGIN_MAX_FAILURES_PER_IP": env.int("MCPTASKS_LOGIN_MAX_FAILURES_PER_IP", default=50),
-    "LOGIN_MAX_FAILURES_PER_USER": env.int("MCPTASKS_LOGIN_MAX_FAILURES_PER_USER", default=10),
-    "LOGIN_WINDOW_S": env.int("MCPTASKS_LOGIN_WINDOW_S", default=900),
-    "REDIS_OP_TIMEOUT_S": env.float("MCPTASKS_REDIS_OP_TIMEOUT_S", default=0.25),
-    "REDIS_POOL_SIZE": env.int("MCPTASKS_REDIS_POOL_SIZE", default=20),
-    "REDIS_BREAKER_S": env.float("MCPTASKS_REDIS_BREAKER_S", default=2.0),
-}
+TENANTS = read_env(TenantSettings)
 # Named explicitly so migrations that point at DOT's (swappable) application model resolve.
 OAUTH2_PROVIDER_APPLICATION_MODEL = "oauth2_provider.Application"

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from mcptasks import conf as mcp_conf
-
+from . import conf as tenant_conf
 from .conf import (
     DEFAULT_CHALLENGE_SCOPES,
     MCP_SCOPES,
@@ -149,7 +148,7 @@ def authenticate(*, headers: dict[str, str], query_string: str, resource_url: st
 
     authorization = headers.get("authorization")
     if authorization is None or not authorization.strip():
-        if mcp_conf.get().ALLOW_ANONYMOUS:
+        if tenant_conf.get().ALLOW_ANONYMOUS:
             return _anonymous_context()
         raise _unauthorized(resource_url=resource_url, message="Authentication required", error="")
 

@@ -7,17 +7,35 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
-from mcptasks import conf as mcp_conf
+from . import conf as tenant_conf
+
+
+@register()
+def tenant_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """tenants.W002: the default task ttl exceeds the maximum; tenants.W003: unknown settings keys."""
+    s = tenant_conf.get()
+    problems: list[CheckMessage] = []
+    if s.TASK_DEFAULT_TTL_MS > s.TASK_MAX_TTL_MS:
+        problems.append(Warning(
+            "MCPTASKS_TASK_DEFAULT_TTL_MS exceeds MCPTASKS_TASK_MAX_TTL_MS; the default is clamped to the max.",
+            id="tenants.W002",
+        ))
+    if s.TASK_POLL_INTERVAL_MS < 1:
+        problems.append(Error("MCPTASKS_TASK_POLL_INTERVAL_MS must be at least 1.", id="tenants.E002"))
+    for key in tenant_conf.unknown_keys():
+        problems.append(Warning(f"settings.TENANTS has an unknown key {key!r}.",
+                                hint="Check its spelling against docs/settings.md.", id="tenants.W003"))
+    return problems
 
 
 @register()
 def anonymous_without_debug(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """tenants.W001: anonymous access is on while DEBUG is off (a production-like setup)."""
-    if mcp_conf.get().ALLOW_ANONYMOUS and not settings.DEBUG:
+    if tenant_conf.get().ALLOW_ANONYMOUS and not settings.DEBUG:
         return [
             Warning(
                 "MCPTASKS_ALLOW_ANONYMOUS is on with DEBUG off: anyone who can reach the server "
-                f"acts as the anonymous principal of tenant {mcp_conf.get().DEFAULT_TENANT!r}.",
+                f"acts as the anonymous principal of tenant {tenant_conf.get().DEFAULT_TENANT!r}.",
                 hint="Unset MCPTASKS_ALLOW_ANONYMOUS and issue tokens (manage.py mcptasks_tenant token).",
                 id="tenants.W001",
             )

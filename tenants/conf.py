@@ -1,14 +1,13 @@
-"""Typed access to the ``TENANTS`` settings dict, with defaults for anything not set."""
+"""The tenants settings (one typed definition each), and the resource URIs they imply."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
-from django.conf import settings
+from django.core.signals import setting_changed
 
-from mcptasks import conf as mcp_conf
+from .typed_settings import Loader, setting
 
 #: Scopes an MCP client may hold (also the scopes of the anonymous principal).
 MCP_SCOPES: tuple[str, ...] = ("mcp:tools", "mcp:tasks", "mcp:tasks:tenant")
@@ -18,34 +17,82 @@ DEFAULT_CHALLENGE_SCOPES: tuple[str, ...] = ("mcp:tools", "mcp:tasks")
 
 @dataclass(frozen=True)
 class TenantSettings:
-    """Every tenants setting, typed, with its default."""
+    """Every setting of the tenants app: type, default and meaning (the one definition).
 
-    BUILTIN_AS: bool = True
-    JWKS_CACHE_S: int = 3600
-    JWKS_MIN_REFRESH_S: int = 30
-    JWKS_HTTP_TIMEOUT_S: float = 5.0
-    #: A JWKS URL that failed is not tried again for this long (its tokens fail fast).
-    JWKS_FAILURE_CACHE_S: float = 30.0
-    JWKS_ALLOW_HTTP: bool = False
-    LIMITS_CACHE_S: float = 2.0
-    #: Sign-in: failed attempts allowed per client address, and per username, in the window.
-    LOGIN_MAX_FAILURES_PER_IP: int = 50
-    LOGIN_MAX_FAILURES_PER_USER: int = 10
-    LOGIN_WINDOW_S: int = 900
-    #: Budget of one Redis operation of the rate limiter (connect, wait for a pooled
-    #: connection, read); past it the request goes on with the in-process fallback.
-    REDIS_OP_TIMEOUT_S: float = 0.25
-    #: Connections of the process-wide Redis client (rate limits, poll notes).
-    REDIS_POOL_SIZE: int = 20
-    #: After a Redis failure, skip Redis for this long before probing it again.
-    REDIS_BREAKER_S: float = 2.0
+    Read from ``MCPTASKS_<NAME>`` (see :mod:`tenants.typed_settings`); ``docs/settings.md`` is
+    generated from these fields.
+    """
+
+    MCP_PATH: str = setting("/mcp", "Path of the MCP endpoint (tenants' own endpoints are `<path>/t/<slug>`).")
+    PUBLIC_URL: str = setting(
+        "",
+        "Public origin (e.g. `https://mcp.example.com`). The canonical resource URI (token audience) is "
+        "`PUBLIC_URL + MCP_PATH`; unset, it is derived from the request. Set it in production.",
+        shown="unset",
+    )
+    ALLOW_ANONYMOUS: bool = setting(
+        False,
+        "Admit requests without a token as the anonymous principal of the default tenant "
+        "(check `tenants.W001` when DEBUG is off).",
+    )
+    DEFAULT_TENANT: str = setting("default", "Slug of the tenant of anonymous requests (created on demand).")
+    TASK_DEFAULT_TTL_MS: int = setting(3_600_000, "ttl of a task created without one (per-tenant override).")
+    TASK_MAX_TTL_MS: int = setting(
+        86_400_000, "Requested ttls are clamped to this (per-tenant override). The actual ttl is returned."
+    )
+    TASK_POLL_INTERVAL_MS: int = setting(1000, "`pollInterval` suggested to clients (per-tenant override).")
+    BUILTIN_AS: bool = setting(
+        True,
+        "Serve the built-in authorization server (django-oauth-toolkit under `/o/`) and list it in the "
+        "protected resource metadata. Off: only external issuers' JWTs are accepted.",
+    )
+    JWKS_CACHE_S: int = setting(3600, "External issuers' JWKS documents are cached this long (per process).")
+    JWKS_MIN_REFRESH_S: int = setting(
+        30, "A token with an unknown `kid` re-fetches its issuer's JWKS at most this often (per URL and process)."
+    )
+    JWKS_HTTP_TIMEOUT_S: float = setting(5.0, "Total deadline of one JWKS fetch (no redirects are followed).")
+    JWKS_FAILURE_CACHE_S: float = setting(
+        30.0, "A JWKS URL that failed is not tried again for this long: its tokens fail fast."
+    )
+    JWKS_ALLOW_HTTP: bool = setting(False, "Allow plain-http JWKS URLs on non-loopback hosts.")
+    LIMITS_CACHE_S: float = setting(
+        2.0,
+        "Each process re-reads a tenant's limits at least this often (admin edits apply without restart).",
+        env="MCPTASKS_TENANT_LIMITS_CACHE_S",
+    )
+    LOGIN_MAX_FAILURES_PER_IP: int = setting(
+        50, "Failed sign-ins allowed per client address within `MCPTASKS_LOGIN_WINDOW_S`; then 429."
+    )
+    LOGIN_MAX_FAILURES_PER_USER: int = setting(
+        10, "Failed sign-ins allowed per username within `MCPTASKS_LOGIN_WINDOW_S`; then 429."
+    )
+    LOGIN_WINDOW_S: int = setting(900, "Window of the sign-in failure counters.")
+    REDIS_OP_TIMEOUT_S: float = setting(
+        0.25,
+        "Budget of one Redis operation of the rate limiter (connect, wait for a pooled connection, read); "
+        "past it the request goes on with the in-process fallback.",
+    )
+    REDIS_POOL_SIZE: int = setting(20, "Connections of the process-wide Redis client (rate limits, poll notes).")
+    REDIS_BREAKER_S: float = setting(2.0, "After a Redis failure, skip Redis for this long before probing it again.")
+
+
+_loader: Loader[TenantSettings] = Loader(TenantSettings, "TENANTS")
+setting_changed.connect(_loader.reset_on("TENANTS"), weak=False)
 
 
 def get() -> TenantSettings:
-    """Current settings (read on each call so tests can override ``settings.TENANTS``)."""
-    raw: dict[str, Any] = getattr(settings, "TENANTS", {})
-    known = {f.name for f in fields(TenantSettings)}
-    return TenantSettings(**{k: v for k, v in raw.items() if k in known})
+    """Current settings (cached; rebuilt when ``settings.TENANTS`` changes)."""
+    return _loader.get()
+
+
+def reset() -> None:
+    """Forget the cached settings (after changing ``settings.TENANTS`` in place)."""
+    _loader.reset()
+
+
+def unknown_keys() -> list[str]:
+    """Keys of ``settings.TENANTS`` that name no setting."""
+    return _loader.unknown_keys()
 
 
 #: Path segment between the MCP path and a tenant's slug in a tenant's own endpoint URL
@@ -62,7 +109,7 @@ def canonical_resource(resource_url: str) -> str:
     host, no default port, no query, fragment or trailing slash. A tenant's own endpoint
     (``…/mcp/t/<slug>``) keeps its tenant suffix: it is a resource of its own.
     """
-    c = mcp_conf.get()
+    c = get()
     if not c.PUBLIC_URL:
         return normalize_uri(resource_url)
     base = normalize_uri(c.PUBLIC_URL.rstrip("/") + c.MCP_PATH)
@@ -92,7 +139,7 @@ def resource_tenant(resource_url: str) -> str | None:
     from urllib.parse import urlsplit
 
     path = urlsplit(resource_url).path.rstrip("/")
-    marker = mcp_conf.get().MCP_PATH.rstrip("/") + f"/{TENANT_SEGMENT}/"
+    marker = get().MCP_PATH.rstrip("/") + f"/{TENANT_SEGMENT}/"
     head, found, slug = path.rpartition(marker)
     # The MCP path may sit under PUBLIC_URL's own path prefix, so only the tail is fixed.
     if not found or (head and not head.startswith("/")):

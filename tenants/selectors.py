@@ -6,9 +6,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from mcptasks import conf as mcp_conf
-
 from . import conf
+from . import conf as tenant_conf
 from .models import Tenant
 
 _LIMIT_FIELDS = (
@@ -80,7 +79,7 @@ def effective_limits(*, tenant_id: int) -> TaskLimits:
     The default ttl is clamped to the max ttl, so a task created without ``ttl`` is always valid.
     Values are at most ``LIMITS_CACHE_S`` seconds old (admin edits apply without restart).
     """
-    g = mcp_conf.get()
+    g = tenant_conf.get()
     row = tenant_row(tenant_id=tenant_id)
     max_ttl = row.max_ttl_ms if row.max_ttl_ms is not None else g.TASK_MAX_TTL_MS
     default_ttl = row.default_ttl_ms if row.default_ttl_ms is not None else g.TASK_DEFAULT_TTL_MS

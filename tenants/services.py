@@ -11,8 +11,7 @@ from django.utils import timezone
 from oauth2_provider.models import get_access_token_model, get_application_model, set_token_value
 from oauth2_provider.settings import oauth2_settings
 
-from mcptasks import conf as mcp_conf
-
+from . import conf as tenant_conf
 from .conf import MCP_SCOPES, normalize_uri
 from .models import LEAST_PRIVILEGE_SCOPES, Principal, Tenant, TenantApplication, TenantMembership
 
@@ -27,7 +26,7 @@ def get_or_create_tenant(*, slug: str, name: str = "") -> Tenant:
 
 def default_tenant() -> Tenant:
     """The tenant named by ``MCPTASKS_DEFAULT_TENANT`` (created on demand)."""
-    return get_or_create_tenant(slug=mcp_conf.get().DEFAULT_TENANT)
+    return get_or_create_tenant(slug=tenant_conf.get().DEFAULT_TENANT)
 
 
 def get_or_create_principal(
@@ -137,7 +136,7 @@ def _cli_application(*, tenant: Tenant, principal_name: str) -> TenantApplicatio
 
 def default_token_resource() -> str | None:
     """Resource (audience) of tokens minted without a request: ``PUBLIC_URL + MCP_PATH`` or None."""
-    c = mcp_conf.get()
+    c = tenant_conf.get()
     return normalize_uri(c.PUBLIC_URL.rstrip("/") + c.MCP_PATH) if c.PUBLIC_URL else None
 
 

@@ -9,9 +9,8 @@ from django.views.decorators.http import require_GET
 from oauth2_provider.models import get_grant_model
 from oauth2_provider.views import OAuthServerMetadataView, TokenView
 
-from mcptasks import conf as mcp_conf
-
 from . import conf
+from . import conf as tenant_conf
 from .conf import (
     MCP_SCOPES,
     TENANT_SEGMENT,
@@ -26,7 +25,7 @@ from .models import ExternalIssuer, Tenant
 
 def _request_resource(request: HttpRequest) -> str:
     """The canonical resource URI as seen from this request (PUBLIC_URL wins when set)."""
-    return canonical_resource(request.build_absolute_uri(mcp_conf.get().MCP_PATH))
+    return canonical_resource(request.build_absolute_uri(tenant_conf.get().MCP_PATH))
 
 
 @require_GET
@@ -42,7 +41,7 @@ def protected_resource_metadata(request: HttpRequest, resource_path: str | None 
     issuers = ExternalIssuer.objects.filter(active=True, tenant__active=True)
     if resource_path is not None:
         wanted = resource_path.strip("/")
-        mcp_path = mcp_conf.get().MCP_PATH.strip("/")
+        mcp_path = tenant_conf.get().MCP_PATH.strip("/")
         from urllib.parse import urlsplit
 
         slug = resource_tenant("/" + wanted)

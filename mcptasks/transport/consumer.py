@@ -26,6 +26,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from django.http.request import split_domain_port, validate_host
 
+from tenants import conf as tenant_conf
 from tenants import conf as tenants_conf
 from tenants import jwt_issuers, ratelimit
 from tenants.auth import AuthContext, AuthError, authenticate, insufficient_scope
@@ -409,8 +410,8 @@ class McpConsumer(AsyncHttpConsumer):
             raise HttpError(400, f"Unsupported MCP-Protocol-Version: {version[:40]}")
 
     def _resource_url(self) -> str:
-        public = conf.get().PUBLIC_URL
-        path = conf.get().MCP_PATH
+        public = tenant_conf.get().PUBLIC_URL
+        path = tenant_conf.get().MCP_PATH
         tenant = self.scope.get("url_route", {}).get("kwargs", {}).get("tenant")
         if tenant:
             # A tenant's own endpoint (``/mcp/t/<slug>``): a resource of its own.

@@ -42,7 +42,8 @@ INIT = {
 
 @pytest.fixture(autouse=True)
 def anonymous(settings: Any) -> Iterator[None]:  # noqa: F811  (pytest-django's settings fixture)
-    settings.MCPTASKS = {**settings.MCPTASKS, "ALLOW_ANONYMOUS": True, "WORKER_POLL_S": 0.2}
+    settings.MCPTASKS = {**settings.MCPTASKS, "WORKER_POLL_S": 0.2}
+    settings.TENANTS = {**settings.TENANTS, "ALLOW_ANONYMOUS": True}
     # Each test here runs its own event loop in one process: the in-memory layer, since
     # channels-redis keeps one receive loop per process (Redis is covered end to end in e2e).
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}

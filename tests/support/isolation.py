@@ -16,7 +16,7 @@ from tenants.selectors import clear_limits_cache
 @contextmanager
 def fresh_process_state(settings: Any, *, prefix: str = "t") -> Iterator[None]:
     """No anonymity, no PUBLIC_URL, a counters prefix of this test's own, empty caches."""
-    settings.MCPTASKS = {**settings.MCPTASKS, "PUBLIC_URL": "", "ALLOW_ANONYMOUS": False}
+    settings.TENANTS = {**settings.TENANTS, "PUBLIC_URL": "", "ALLOW_ANONYMOUS": False}
     # Shared counters (Redis in CI) get a prefix of their own per test: no leftovers.
     settings.CHANNEL_PREFIX = prefix + secrets.token_hex(6)
     cache.clear()

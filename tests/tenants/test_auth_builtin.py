@@ -119,7 +119,7 @@ def test_wrong_audience_token(tenant: Any, resource_url: str) -> None:
 
 
 def test_public_url_is_the_canonical_resource(tenant: Any, settings: Any) -> None:
-    settings.MCPTASKS = {**settings.MCPTASKS, "PUBLIC_URL": "https://mcp.example.com/"}
+    settings.TENANTS = {**settings.TENANTS, "PUBLIC_URL": "https://mcp.example.com/"}
     token = issue_token(tenant=tenant)  # bound to PUBLIC_URL + MCP_PATH by default
     assert get_access_token_model().objects.get().resource == ["https://mcp.example.com/mcp"]
     # Whatever URL the request came in on, the canonical resource is PUBLIC_URL's.
@@ -180,7 +180,7 @@ def test_token_scopes_are_reported(tenant: Any, resource_url: str) -> None:
 
 
 def test_anonymous_mode(settings: Any, db: None, resource_url: str) -> None:
-    settings.MCPTASKS = {**settings.MCPTASKS, "ALLOW_ANONYMOUS": True, "DEFAULT_TENANT": "public"}
+    settings.TENANTS = {**settings.TENANTS, "ALLOW_ANONYMOUS": True, "DEFAULT_TENANT": "public"}
     ctx = _auth(None, resource_url)
     assert ctx.anonymous and ctx.tenant_slug == "public"
     assert Principal.objects.get(pk=ctx.principal_id).kind == Principal.Kind.ANONYMOUS
@@ -196,7 +196,7 @@ def test_anonymous_off_requires_token(db: None, resource_url: str) -> None:
 
 def test_check_warns_anonymous_without_debug(settings: Any) -> None:
     settings.DEBUG = False
-    settings.MCPTASKS = {**settings.MCPTASKS, "ALLOW_ANONYMOUS": True}
+    settings.TENANTS = {**settings.TENANTS, "ALLOW_ANONYMOUS": True}
     assert "tenants.W001" in {m.id for m in run_checks(tags=None) if m.id}
     settings.DEBUG = True
     assert "tenants.W001" not in {m.id for m in run_checks() if m.id}

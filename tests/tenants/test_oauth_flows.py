@@ -168,7 +168,7 @@ def test_protected_resource_metadata_other_path_is_404(db: None) -> None:
 
 
 def test_protected_resource_metadata_public_url(settings: Any, db: None) -> None:
-    settings.MCPTASKS = {**settings.MCPTASKS, "PUBLIC_URL": "https://mcp.example.com"}
+    settings.TENANTS = {**settings.TENANTS, "PUBLIC_URL": "https://mcp.example.com"}
     doc = Client().get("/.well-known/oauth-protected-resource/mcp").json()
     assert doc["resource"] == "https://mcp.example.com/mcp"
     assert doc["authorization_servers"][0] == "https://mcp.example.com"

@@ -117,8 +117,8 @@ def test_admin_edit_applies_immediately(tenant: Tenant, alice: Principal) -> Non
 
 
 def test_effective_limits(tenant: Tenant, settings: Any) -> None:
-    settings.MCPTASKS = {
-        **settings.MCPTASKS,
+    settings.TENANTS = {
+        **settings.TENANTS,
         "TASK_DEFAULT_TTL_MS": 60_000,
         "TASK_MAX_TTL_MS": 120_000,
         "TASK_POLL_INTERVAL_MS": 500,

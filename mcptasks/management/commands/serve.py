@@ -8,7 +8,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
-from mcptasks import hardening
+from mcptasks import conf, hardening
 from mcptasks.serving import DevServer
 
 
@@ -32,6 +32,7 @@ class Command(BaseCommand):
         if not opts["no_migrate"]:
             call_command("migrate", interactive=False, verbosity=0)
         settings.MCPTASKS["EMBEDDED_WORKER"] = not opts["no_worker"]
+        conf.reset()  # the dict changed in place: no setting_changed signal
         server = DevServer(host=opts["host"], port=opts["port"])
         for line in server.banner():
             self.stdout.write(line)
