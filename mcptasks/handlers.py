@@ -13,7 +13,6 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.core import signing
-from django.db import InterfaceError, OperationalError
 
 from tenants.auth import AuthContext
 
@@ -21,7 +20,14 @@ from . import conf, selectors, services
 from .models import McpSession, Task
 from .protocol import versions
 from .protocol.dispatch import Dispatcher
-from .protocol.errors import INVALID_PARAMS, METHOD_NOT_FOUND, RESOURCE_NOT_FOUND, McpError, invalid_params
+from .protocol.errors import (
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    RESOURCE_NOT_FOUND,
+    McpError,
+    invalid_params,
+)
 from .protocol.messages import (
     MODEL_IMMEDIATE_RESPONSE,
     CallToolParams,
@@ -35,6 +41,7 @@ from .protocol.messages import (
     TaskIdParams,
 )
 from .registry import Registry, ToolInputError, registry
+from .transport.errors import PASSTHROUGH
 
 SERVER_NAME = "mcptasks"
 SERVER_VERSION = "0.1.0"
@@ -67,13 +74,17 @@ class RequestContext:
     new_session: McpSession | None = None
 
 
-#: A database outage is the transport's to answer (503 + Retry-After), not a handler crash.
-dispatcher: Dispatcher[RequestContext] = Dispatcher(passthrough=(OperationalError, InterfaceError))
+#: OAuth scopes of the method table.
+TOOLS, TASKS = "mcp:tools", "mcp:tasks"
+
+#: What the transport's error table answers (a tenant's refusals, a database outage: 503 +
+#: Retry-After) is passed through to it rather than turned into a handler crash.
+dispatcher: Dispatcher[RequestContext] = Dispatcher(passthrough=PASSTHROUGH)
 
 
 def _session(ctx: RequestContext) -> McpSession:
     if ctx.session is None:  # the consumer guarantees this; defensive
-        raise McpError(-32600, "Invalid Request: no session")
+        raise McpError(INVALID_REQUEST, "Invalid Request: no session")
     return ctx.session
 
 
@@ -151,7 +162,7 @@ def _list_result(key: str, items: list[Any], cursor: str | None, size: int) -> d
 # --- tools -----------------------------------------------------------------------------------
 
 
-@dispatcher.register("tools/list", PaginatedParams)
+@dispatcher.register("tools/list", PaginatedParams, scope=TOOLS)
 async def tools_list(ctx: RequestContext, params: PaginatedParams) -> dict[str, Any]:
     """Tools in name order, paginated."""
     with_execution = versions.has_tasks(ctx.protocol_version)
@@ -159,7 +170,7 @@ async def tools_list(ctx: RequestContext, params: PaginatedParams) -> dict[str, 
     return _list_result("tools", tools, params.cursor, conf.get().TOOLS_PAGE_SIZE)
 
 
-@dispatcher.register("tools/call", CallToolParams)
+@dispatcher.register("tools/call", CallToolParams, scope=TOOLS, task_scope=TASKS, task_rate="create")
 async def tools_call(ctx: RequestContext, params: CallToolParams) -> dict[str, Any] | StreamReply:
     """Run a tool: as a task when ``task`` is given (and supported), else as a plain request."""
     tool = ctx.registry.get_tool(params.name)
@@ -224,14 +235,14 @@ async def _lookup(ctx: RequestContext, task_id: str, method: str) -> Task:
         raise
 
 
-@dispatcher.register("tasks/get", TaskIdParams)
+@dispatcher.register("tasks/get", TaskIdParams, scope=TASKS, rate="read")
 async def tasks_get(ctx: RequestContext, params: TaskIdParams) -> dict[str, Any]:
     """The task's current state."""
     task = await _lookup(ctx, params.taskId, "tasks/get")
     return task.wire()
 
 
-@dispatcher.register("tasks/result", TaskIdParams)
+@dispatcher.register("tasks/result", TaskIdParams, scope=TASKS, rate="read")
 async def tasks_result(ctx: RequestContext, params: TaskIdParams) -> dict[str, Any] | StreamReply:
     """The outcome of a terminal task now; otherwise stream until it is terminal."""
     task = await _lookup(ctx, params.taskId, "tasks/result")
@@ -246,7 +257,7 @@ async def tasks_result(ctx: RequestContext, params: TaskIdParams) -> dict[str, A
     return StreamReply(stream_id=stream_id, task=task, mode="task_result")
 
 
-@dispatcher.register("tasks/list", PaginatedParams)
+@dispatcher.register("tasks/list", PaginatedParams, scope=TASKS, rate="read")
 async def tasks_list(ctx: RequestContext, params: PaginatedParams) -> dict[str, Any]:
     """The caller's tasks, newest first."""
     if ctx.auth.anonymous:
@@ -260,7 +271,7 @@ async def tasks_list(ctx: RequestContext, params: PaginatedParams) -> dict[str, 
     return out
 
 
-@dispatcher.register("tasks/cancel", TaskIdParams)
+@dispatcher.register("tasks/cancel", TaskIdParams, scope=TASKS)
 async def tasks_cancel(ctx: RequestContext, params: TaskIdParams) -> dict[str, Any]:
     """Cancel a non-terminal task."""
     await _lookup(ctx, params.taskId, "tasks/cancel")
@@ -368,21 +379,15 @@ async def logging_set_level(ctx: RequestContext, params: SetLevelParams) -> dict
 
 
 def required_scope(method: str, params: dict[str, Any] | None) -> str | None:
-    """The OAuth scope a method needs (None: any valid token)."""
-    if method.startswith("tasks/") or (method == "tools/call" and isinstance(params, dict) and "task" in params):
-        return "mcp:tasks"
-    if method.startswith("tools/"):
-        return "mcp:tools"
-    return None
+    """The OAuth scope a request needs, as its route declares (None: any valid token)."""
+    route = dispatcher.route(method)
+    return route.scope_for(params) if route is not None else None
 
 
 def operation_class(method: str, params: dict[str, Any] | None) -> str:
-    """Rate-limit class of a request: ``create``, ``read`` or ``other``."""
-    if method == "tools/call" and isinstance(params, dict) and "task" in params:
-        return "create"
-    if method in ("tasks/get", "tasks/result", "tasks/list"):
-        return "read"
-    return "other"
+    """Rate-limit class of a request (``create``, ``read`` or ``other``), as its route declares."""
+    route = dispatcher.route(method)
+    return route.rate_for(params) if route is not None else "other"
 
 
 __all__ = ["INVALID_PARAMS", "StreamReply", "dispatcher"]

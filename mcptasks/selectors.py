@@ -13,7 +13,7 @@ from django.utils import timezone
 from tenants.auth import AuthContext
 
 from .models import McpSession, Task, TaskMessage
-from .protocol.errors import TASK_EXPIRED, TASK_NOT_FOUND, McpError, invalid_params
+from .protocol.errors import INVALID_PARAMS, TASK_EXPIRED, TASK_NOT_FOUND, McpError, invalid_params
 
 _CURSOR_SALT = "mcptasks.tasks.list"
 
@@ -43,9 +43,9 @@ def get_task(*, auth: AuthContext, task_id: str, now: dt.datetime | None = None)
     """The caller's task or -32602 (not found, someone else's, or expired)."""
     task = _task_queryset(auth=auth).filter(task_id=task_id).first()
     if task is None:
-        raise McpError(-32602, TASK_NOT_FOUND)
+        raise McpError(INVALID_PARAMS, TASK_NOT_FOUND)
     if is_expired(task, now=now):
-        raise McpError(-32602, TASK_EXPIRED)
+        raise McpError(INVALID_PARAMS, TASK_EXPIRED)
     return task
 
 

@@ -34,14 +34,14 @@ from .models import (
     TaskStatus,
     WorkerHeartbeat,
 )
-from .protocol.errors import McpError, cannot_cancel_message
+from .protocol.errors import INTERNAL_ERROR, INVALID_PARAMS, McpError, cannot_cancel_message
 from .protocol.messages import LOG_LEVELS, related_task_meta, sources_for
 from .registry import Tool
 
 logger = logging.getLogger(__name__)
 
 CANCELLED_MESSAGE = "The task was cancelled by request."
-CANCELLED_ERROR = {"code": -32603, "message": "Task was cancelled"}
+CANCELLED_ERROR = {"code": INTERNAL_ERROR, "message": "Task was cancelled"}
 
 
 # --- sessions -------------------------------------------------------------------------------
@@ -288,15 +288,15 @@ def cancel_task(*, auth: AuthContext, task_id: str) -> Task:
 
     task = get_task(auth=auth, task_id=task_id)
     if task.is_terminal:
-        raise McpError(-32602, cannot_cancel_message(task.status))
+        raise McpError(INVALID_PARAMS, cannot_cancel_message(task.status))
     ok = transition(
         task=task, to=TaskStatus.CANCELLED, status_message=CANCELLED_MESSAGE, extra={"cancel_requested": True}
     )
     if not ok:
         task.refresh_from_db()
         if task.is_terminal:
-            raise McpError(-32602, cannot_cancel_message(task.status))
-        raise McpError(-32603, "Task changed concurrently; retry")
+            raise McpError(INVALID_PARAMS, cannot_cancel_message(task.status))
+        raise McpError(INTERNAL_ERROR, "Task changed concurrently; retry")
     bus.signal_task(task.task_id, "cancel")
     return task
 

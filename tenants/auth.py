@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -23,39 +22,13 @@ from .conf import (
     same_resource,
     shared_resource,
 )
+from .context import AuthContext
+from .exceptions import AuthError
+from .jwt_issuers import JwtRejected, verify_external_jwt
+
+__all__ = ["AuthContext", "AuthError", "authenticate", "insufficient_scope", "prm_url"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class AuthContext:
-    """Who is calling: the tenant and principal every task is bound to."""
-
-    tenant_id: int
-    tenant_slug: str
-    principal_id: int
-    principal_name: str
-    scopes: frozenset[str] = field(default_factory=frozenset)
-    anonymous: bool = False
-    # Identifies the credential (token row id or JWT jti) for audit logs; never the token itself.
-    credential_ref: str = ""
-
-    def has_scope(self, scope: str) -> bool:
-        """Whether the token carries ``scope`` (anonymous callers have every MCP scope)."""
-        return self.anonymous or scope in self.scopes
-
-
-class AuthError(Exception):
-    """Authentication failed; the consumer answers with ``status``, ``headers`` and ``body``."""
-
-    def __init__(
-        self, status: int, message: str, headers: dict[str, str] | None = None, body: Any = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers or {}
-        self.body = body
 
 
 # --- challenges ---------------------------------------------------------------------------
@@ -160,8 +133,6 @@ def authenticate(*, headers: dict[str, str], query_string: str, resource_url: st
         raise _unauthorized(resource_url=resource_url, message="Malformed bearer token")
 
     if token.count(".") == 2:
-        from .jwt_issuers import JwtRejected, verify_external_jwt
-
         try:
             return verify_external_jwt(token=token, resource_url=resource_url)
         except JwtRejected as exc:

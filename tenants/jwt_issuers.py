@@ -31,8 +31,8 @@ import jwt
 from django.core.cache import cache
 
 from . import conf
-from .auth import AuthContext
 from .conf import canonical_resource, resource_tenant, same_resource, shared_resource, tenant_resource
+from .context import AuthContext
 from .models import ExternalIssuer, Principal
 
 logger = logging.getLogger(__name__)

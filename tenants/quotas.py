@@ -9,24 +9,11 @@ so two processes can never both take the last slot. Nothing is read and then wri
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.db import transaction
 from django.db.models import F, Q
 
-from mcptasks.protocol.errors import QUOTA_EXCEEDED, McpError
-
+from .exceptions import QuotaExceeded
 from .models import Principal, Tenant
-
-
-class QuotaExceeded(McpError):
-    """A task cannot be created: a concurrency limit is reached. JSON-RPC code -32010.
-
-    ``data`` is ``{"limit": N, "scope": "tenant" | "principal"}``.
-    """
-
-    def __init__(self, message: str, data: dict[str, Any]) -> None:
-        super().__init__(QUOTA_EXCEEDED, message, data)
 
 
 def acquire_task_slot(*, tenant_id: int, principal_id: int) -> None:

@@ -26,46 +26,13 @@ from typing import Any, Literal
 
 from django.conf import settings
 
-from mcptasks.protocol.errors import RATE_LIMITED, McpError
-
 from . import kv
 from .auth import AuthContext
+from .exceptions import RateLimited
 from .selectors import tenant_row
 
 OpClass = Literal["create", "read", "other"]
 WINDOW_S = 60
-
-
-class RateLimited(McpError):
-    """Over the tenant's budget for ``op_class``: answer HTTP 429 with ``Retry-After``.
-
-    JSON-RPC code -32011; ``data`` is ``{"limit": N, "opClass": ..., "retryAfterS": S,
-    "windowS": 60}``.
-    """
-
-    def __init__(self, retry_after_s: int, limit: int, op_class: OpClass) -> None:
-        self.retry_after_s = retry_after_s
-        self.limit = limit
-        self.op_class = op_class
-        super().__init__(
-            RATE_LIMITED,
-            f"Rate limit exceeded: at most {limit} {op_class} requests per minute for this tenant; "
-            f"retry after {retry_after_s} s",
-            {"limit": limit, "opClass": op_class, "retryAfterS": retry_after_s, "windowS": WINDOW_S},
-        )
-
-    @property
-    def http_status(self) -> int:
-        """Always 429."""
-        return 429
-
-    def http_headers(self) -> dict[str, str]:
-        """``Retry-After`` in whole seconds."""
-        return {"Retry-After": str(self.retry_after_s)}
-
-    def response_body(self, request_id: Any = None) -> dict[str, Any]:
-        """A JSON-RPC error response (``id`` is the request's, or null)."""
-        return {"jsonrpc": "2.0", "id": request_id, "error": self.to_error()}
 
 
 def _limit_for(auth: AuthContext, op_class: OpClass) -> int | None:
@@ -118,7 +85,12 @@ def _charge(*, tenant_id: int, op_class: OpClass, limit: int, now: float) -> Non
     if previous * weight + current <= limit:
         return
     _uncount(key)  # refused requests do not count
-    raise RateLimited(max(1, math.ceil(_retry_after(previous, current - 1, limit, elapsed))), limit, op_class)
+    raise RateLimited(
+        retry_after_s=max(1, math.ceil(_retry_after(previous, current - 1, limit, elapsed))),
+        limit=limit,
+        op_class=op_class,
+        window_s=WINDOW_S,
+    )
 
 
 def _retry_after(previous: int, current: int, limit: int, elapsed: float) -> float:

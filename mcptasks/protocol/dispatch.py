@@ -24,13 +24,33 @@ Handler = Callable[[Any, Any], Awaitable[Any]]
 
 @dataclass(frozen=True)
 class Route:
-    """One method: its parameter model and handler."""
+    """One method: its parameter model, its handler, and the rules the transport applies.
+
+    ``scope`` is the OAuth scope the method needs (None: any valid token) and ``rate`` its
+    rate-limit class; a task-augmented request (params with ``task``) uses ``task_scope`` and
+    ``task_rate`` when they are set. ``before_init`` methods may be called without a session.
+    """
 
     method: str
     params: type[BaseModel]
     handler: Handler
-    # Methods a client may call before initialization completes.
     before_init: bool = False
+    scope: str | None = None
+    rate: str = "other"
+    task_scope: str | None = None
+    task_rate: str | None = None
+
+    def scope_for(self, params: Any) -> str | None:
+        """The scope this request needs."""
+        if self.task_scope is not None and isinstance(params, dict) and "task" in params:
+            return self.task_scope
+        return self.scope
+
+    def rate_for(self, params: Any) -> str:
+        """The rate-limit class this request counts against."""
+        if self.task_rate is not None and isinstance(params, dict) and "task" in params:
+            return self.task_rate
+        return self.rate
 
 
 class Dispatcher(Generic[CtxT]):
@@ -42,14 +62,25 @@ class Dispatcher(Generic[CtxT]):
         self.passthrough = passthrough
 
     def register(
-        self, method: str, params: type[BaseModel], *, before_init: bool = False
+        self,
+        method: str,
+        params: type[BaseModel],
+        *,
+        before_init: bool = False,
+        scope: str | None = None,
+        rate: str = "other",
+        task_scope: str | None = None,
+        task_rate: str | None = None,
     ) -> Callable[[Handler], Handler]:
-        """Decorator: register ``handler`` for ``method``."""
+        """Decorator: register ``handler`` for ``method`` with its rules (see :class:`Route`)."""
 
         def deco(handler: Handler) -> Handler:
             if method in self._routes:
                 raise ValueError(f"method {method!r} registered twice")
-            self._routes[method] = Route(method, params, handler, before_init)
+            self._routes[method] = Route(
+                method, params, handler, before_init=before_init, scope=scope, rate=rate,
+                task_scope=task_scope, task_rate=task_rate,
+            )
             return handler
 
         return deco

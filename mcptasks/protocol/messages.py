@@ -195,3 +195,21 @@ class Task(BaseModel):
 def related_task_meta(task_id: str) -> dict[str, Any]:
     """The ``_meta`` member that ties a message to a task."""
     return {RELATED_TASK: {"taskId": task_id}}
+
+
+# --- notifications a client sends --------------------------------------------------------------
+
+
+class CancelledNotificationParams(_Params):
+    """``notifications/cancelled``: the client gives up on one of its requests."""
+
+    requestId: StrictStr | StrictInt
+    reason: StrictStr | None = None
+
+
+#: Notification methods this server acts on, with their parameter models. Others are accepted
+#: (HTTP 202) and ignored, as the spec allows.
+CLIENT_NOTIFICATIONS: dict[str, type[_Params]] = {
+    "notifications/initialized": EmptyParams,
+    "notifications/cancelled": CancelledNotificationParams,
+}

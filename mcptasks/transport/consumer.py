@@ -25,21 +25,31 @@ from channels.utils import await_many_dispatch
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from django.http.request import split_domain_port, validate_host
+from pydantic import ValidationError
 
 from tenants import conf as tenant_conf
-from tenants import conf as tenants_conf
 from tenants import jwt_issuers, ratelimit
 from tenants.auth import AuthContext, AuthError, authenticate, insufficient_scope
 from tenants.conf import tenant_resource
+from tenants.exceptions import RateLimited
 from tenants.selectors import effective_limits
 
 from .. import bus, conf, layers, selectors, services
 from ..handlers import RequestContext, StreamReply, dispatcher, operation_class, required_scope
 from ..models import McpSession, StreamEvent, Task
 from ..protocol import jsonrpc, versions
-from ..protocol.errors import INTERNAL_ERROR, INVALID_REQUEST, TASK_EXPIRED, TASK_NOT_FOUND, McpError
-from ..protocol.messages import TASK_ID_PATTERN
-from . import sse
+from ..protocol.errors import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    PARSE_ERROR,
+    TASK_EXPIRED,
+    TASK_NOT_FOUND,
+    McpError,
+)
+from ..protocol.messages import CLIENT_NOTIFICATIONS, TASK_ID_PATTERN, CancelledNotificationParams
+from . import errors, sse
+from .errors import UNAVAILABLE
 
 logger = logging.getLogger(__name__)
 
@@ -168,11 +178,8 @@ class McpConsumer(AsyncHttpConsumer):
         if self.closed:
             return
         if not self.streaming and not self.responded:
-            await self._send_json(
-                503,
-                jsonrpc.error_response(None, McpError(INTERNAL_ERROR, "Service temporarily unavailable")),
-                {"Retry-After": "5"},
-            )
+            error, status, headers = errors.answer(OperationalError())
+            await self._send_json(status, jsonrpc.error_response(None, error), headers)
         elif self.streaming:
             await self._close(hint_retry=True)
 
@@ -185,7 +192,7 @@ class McpConsumer(AsyncHttpConsumer):
         except Exception as exc:
             logger.warning("channel layer receive failed (%s); stream falls back to the database",
                            type(exc).__name__)
-            layers.report_failure(exc, open_s=tenants_conf.get().REDIS_BREAKER_S)
+            layers.report_failure(exc, open_s=tenant_conf.get().REDIS_BREAKER_S)
             self.layer_failed()
             await asyncio.sleep(conf.get().LAYER_FALLBACK_POLL_S)
             return {"type": "layer.poll"}
@@ -342,7 +349,7 @@ class McpConsumer(AsyncHttpConsumer):
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            layers.report_failure(exc, open_s=tenants_conf.get().REDIS_BREAKER_S)
+            layers.report_failure(exc, open_s=tenant_conf.get().REDIS_BREAKER_S)
             self._degrade()
 
     # --- request entry -----------------------------------------------------------------------
@@ -457,13 +464,14 @@ class McpConsumer(AsyncHttpConsumer):
             raw = jsonrpc.loads(body)
             msg = jsonrpc.parse_message(raw)
         except McpError as exc:
-            rid = jsonrpc.request_id_of(raw) if exc.code != -32700 else None
+            rid = jsonrpc.request_id_of(raw) if exc.code != PARSE_ERROR else None
             await self._send_json(400, jsonrpc.error_response(rid, exc))
             return
         assert self.auth is not None
         if isinstance(msg, jsonrpc.JSONRPCRequest) and msg.method == "initialize":
-            self.session = None
+            self.session = None  # initialize always opens a new session
         else:
+            # Everything else needs the session initialize opened (spec: 400 without the header).
             self.session = await self._load_session()
         if isinstance(msg, jsonrpc.JSONRPCNotification):
             await self._notification(msg)
@@ -479,13 +487,19 @@ class McpConsumer(AsyncHttpConsumer):
         session = self.session
         if session is None:
             return
-        if msg.method == "notifications/initialized":
+        model = CLIENT_NOTIFICATIONS.get(msg.method)
+        if model is None:
+            return  # roots/list_changed, progress, ...: nothing to do here
+        try:
+            params = model.model_validate(msg.params or {})
+        except ValidationError:
+            # A notification gets no answer; a malformed one is dropped (and said so in the log).
+            logger.info("malformed %s notification ignored", msg.method)
+            return
+        if isinstance(params, CancelledNotificationParams):
+            await database_sync_to_async(services.cancel_request)(session=session, request_id=params.requestId)
+        elif msg.method == "notifications/initialized":
             await database_sync_to_async(services.mark_initialized)(session=session)
-        elif msg.method == "notifications/cancelled":
-            rid = (msg.params or {}).get("requestId")
-            if isinstance(rid, str | int) and not isinstance(rid, bool):
-                await database_sync_to_async(services.cancel_request)(session=session, request_id=rid)
-        # Other notifications (roots/list_changed, progress, ...) need no action here.
 
     async def _client_response(self, msg: jsonrpc.JSONRPCResponse | jsonrpc.JSONRPCError) -> None:
         assert self.auth is not None
@@ -516,8 +530,8 @@ class McpConsumer(AsyncHttpConsumer):
             if msg.method == "tasks/get" and isinstance(task_id, str) and _TASK_ID.fullmatch(task_id):
                 # Polling faster than pollInterval costs an extra read (see tenants.ratelimit).
                 await database_sync_to_async(self._note_poll)(self.auth, task_id)
-        except ratelimit.RateLimited as exc:
-            await self._send_json(exc.http_status, jsonrpc.error_response(rid, exc), exc.http_headers())
+        except RateLimited as exc:
+            await self._refuse(rid, exc)
             return
         session = self.session
         version = session.protocol_version if session is not None else versions.LATEST
@@ -526,8 +540,12 @@ class McpConsumer(AsyncHttpConsumer):
         )
         try:
             result = await dispatcher.dispatch(ctx, msg.method, msg.params)
-        except McpError as exc:
-            await self._send_json(200, jsonrpc.error_response(rid, exc))
+        except UNAVAILABLE:
+            raise  # answered (503) where every database outage is
+        except Exception as exc:
+            if errors.rule_for(exc) is None:
+                raise
+            await self._refuse(rid, exc)
             return
         if isinstance(result, StreamReply):
             self.task = result.task
@@ -692,12 +710,12 @@ class McpConsumer(AsyncHttpConsumer):
         assert self.task is not None and self.stream_id is not None
         task = await database_sync_to_async(Task.objects.filter(pk=self.task.pk).first)()
         if task is None:
-            await self._emit_direct(McpError(-32602, TASK_NOT_FOUND))
+            await self._emit_direct(McpError(INVALID_PARAMS, TASK_NOT_FOUND))
             return
         self.task = task
         if not task.is_terminal and selectors.is_expired(task):
             # The ttl ran out while we waited: answer like tasks/get would.
-            await self._emit_direct(McpError(-32602, TASK_EXPIRED))
+            await self._emit_direct(McpError(INVALID_PARAMS, TASK_EXPIRED))
             return
         if not task.is_terminal:
             if task.stream_id != self.stream_id:
@@ -817,7 +835,7 @@ class McpConsumer(AsyncHttpConsumer):
         )()
         self.result_request_id = marker.get("rid")
         if task is None:
-            await self._emit_direct(McpError(-32602, TASK_NOT_FOUND))
+            await self._emit_direct(McpError(INVALID_PARAMS, TASK_NOT_FOUND))
             return
         self.task = task
         self.mode = "task_result"
@@ -836,6 +854,11 @@ class McpConsumer(AsyncHttpConsumer):
     async def _send_raw(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
         self.responded = True
         await self.send_response(status, body, headers=[*headers, *self.cors_headers])
+
+    async def _refuse(self, rid: Any, exc: Exception) -> None:
+        """Answer request ``rid`` with ``exc`` as the error table says."""
+        error, status, headers = errors.answer(exc)
+        await self._send_json(status, jsonrpc.error_response(rid, error), headers)
 
     async def _send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
         hdrs = [(b"content-type", b"application/json")]

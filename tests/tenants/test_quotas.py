@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from django.db import connection, transaction
 
+from mcptasks.transport.errors import answer
 from tenants.models import Principal, Tenant
 from tenants.quotas import QuotaExceeded, acquire_task_slot, release_task_slot
 from tenants.selectors import clear_limits_cache, effective_limits
@@ -54,7 +55,9 @@ def test_tenant_limit(tenant: Tenant, alice: Principal, bob: Principal) -> None:
     with pytest.raises(QuotaExceeded) as info:
         _acquire(tenant, alice)
     assert info.value.data == {"limit": 2, "scope": "tenant"}
-    assert info.value.code == -32010 and "limit 2" in info.value.message
+    assert "limit 2" in info.value.message
+    error, status, _ = answer(info.value)
+    assert (error.code, status, error.data) == (-32010, 200, {"limit": 2, "scope": "tenant"})
     assert _counts(tenant, alice, bob) == (2, 1, 1)
     release_task_slot(tenant_id=tenant.pk, principal_id=alice.pk)
     _acquire(tenant, bob)

@@ -7,6 +7,7 @@ from unittest import mock
 
 import pytest
 
+from mcptasks.transport.errors import answer
 from tenants.auth import AuthContext
 from tenants.models import Tenant
 from tenants.ratelimit import RateLimited, _retry_after, check_rate, note_poll
@@ -51,13 +52,13 @@ def test_limit_per_class(tenant: Tenant, auth: AuthContext) -> None:
         for _ in range(10):
             check_rate(auth=auth, op_class="read")  # other class unaffected
     err = info.value
-    assert err.http_status == 429
     # 3 requests at 10 s: next window start + 20 s until 3 * (1 - s/60) + 1 <= 3.
-    assert err.retry_after_s == 70 and err.http_headers() == {"Retry-After": "70"}
-    assert err.limit == 3 and err.op_class == "create"
-    body = err.response_body(7)
-    assert body["id"] == 7 and body["error"]["code"] == -32011
-    assert body["error"]["data"] == {"limit": 3, "opClass": "create", "retryAfterS": 70, "windowS": 60}
+    assert err.retry_after_s == 70 and err.limit == 3 and err.op_class == "create"
+    # On the wire (the transport's error table): HTTP 429, Retry-After, JSON-RPC -32011.
+    error, status, headers = answer(err)
+    assert (status, headers) == (429, {"Retry-After": "70"})
+    assert error.code == -32011
+    assert error.data == {"limit": 3, "opClass": "create", "retryAfterS": 70, "windowS": 60}
 
 
 def test_refused_requests_do_not_count_and_window_slides(tenant: Tenant, auth: AuthContext) -> None:
