@@ -10,7 +10,7 @@ from django.http import HttpRequest
 from .models import AuditEvent, McpSession, Task, WorkerHeartbeat
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class ReadOnlyAdmin(admin.ModelAdmin):
     """Operators inspect; state changes go through the services (and so the audit log)."""
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:

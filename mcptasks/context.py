@@ -160,11 +160,11 @@ class SyncToolContext:
 
     def elicit(self, message: str, requested_schema: dict[str, Any], **extra: Any) -> dict[str, Any]:
         """Blocking :meth:`ToolContext.elicit`."""
-        return self._run(self._ctx.elicit(message, requested_schema, **extra))  # type: ignore[no-any-return]
+        return self._run(self._ctx.elicit(message, requested_schema, **extra))
 
     def sample(self, messages: list[dict[str, Any]] | str, *, max_tokens: int = 1000, **extra: Any) -> dict[str, Any]:
         """Blocking :meth:`ToolContext.sample`."""
-        return self._run(self._ctx.sample(messages, max_tokens=max_tokens, **extra))  # type: ignore[no-any-return]
+        return self._run(self._ctx.sample(messages, max_tokens=max_tokens, **extra))
 
     def client_supports(self, capability: str) -> bool:
         """Whether the client declared a capability."""

@@ -59,8 +59,8 @@ def install_access_log_redaction() -> None:
         method, _, target = str(request).partition(" ")
         return original(self, host, date, f"{method} {redact_target(target)}", *args, **kwargs)
 
-    AccessLogGenerator.write_entry = write_entry  # type: ignore[method-assign]
-    AccessLogGenerator._mcptasks_redacted = True  # type: ignore[attr-defined]
+    AccessLogGenerator.write_entry = write_entry
+    AccessLogGenerator._mcptasks_redacted = True
 
 
 def _payload_too_large(limit: int) -> bytes:
@@ -119,9 +119,9 @@ def install_body_limit() -> None:
             return
         original_chunk(self, data)
 
-    WebRequest.gotLength = got_length  # type: ignore[method-assign]
-    WebRequest.handleContentChunk = handle_chunk  # type: ignore[method-assign]
-    WebRequest._mcptasks_body_limit = True  # type: ignore[attr-defined]
+    WebRequest.gotLength = got_length
+    WebRequest.handleContentChunk = handle_chunk
+    WebRequest._mcptasks_body_limit = True
 
 
 class ClientErrorsWithoutTraceback(logging.Filter):

@@ -62,7 +62,7 @@ def report_failure(exc: BaseException, *, open_s: float) -> None:
             logger.debug("layer failure listener raised", exc_info=True)
 
 
-class RedisChannelLayer(_BaseRedisChannelLayer):  # type: ignore[misc]
+class RedisChannelLayer(_BaseRedisChannelLayer):
     """channels-redis with a bounded blocking connection pool per event loop."""
 
     def __init__(self, *args: Any, pool_size: int = 50, pool_timeout: float = 5.0, **kwargs: Any) -> None:

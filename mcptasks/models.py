@@ -79,7 +79,8 @@ class Task(models.Model):
     principal = models.ForeignKey("tenants.Principal", on_delete=models.CASCADE, related_name="tasks")
     session_id = models.CharField(max_length=64, db_index=True)
     status = models.CharField(max_length=16, choices=TaskStatus.choices, default=TaskStatus.WORKING)
-    status_message = models.TextField(null=True, blank=True)
+    # null: no message (statusMessage is omitted on the wire), distinct from an empty one.
+    status_message = models.TextField(null=True, blank=True)  # noqa: DJ001
     # The original request.
     method = models.CharField(max_length=64, default="tools/call")
     tool_name = models.CharField(max_length=128, db_index=True)
@@ -97,14 +98,14 @@ class Task(models.Model):
     # Execution bookkeeping.
     attempt = models.IntegerField(default=0)
     max_attempts = models.IntegerField(default=1)
-    worker_id = models.CharField(max_length=64, null=True, blank=True)
+    worker_id = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001 - null: unclaimed
     lease_expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
     run_after = models.DateTimeField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
     finished_at = models.DateTimeField(null=True, blank=True)
     # Where server->client messages go: the POST stream of a plain request, or the
     # tasks/result stream that is open for a task right now (null: the session's GET stream).
-    stream_id = models.CharField(max_length=64, null=True, blank=True)
+    stream_id = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001 - null: the GET stream
 
     class Meta:
         indexes = [
@@ -178,6 +179,9 @@ class StreamEvent(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["stream_id", "seq"], name="streamevent_stream_seq_uniq")]
+
+    def __str__(self) -> str:
+        return self.event_id
 
     @property
     def event_id(self) -> str:

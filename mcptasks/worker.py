@@ -144,7 +144,7 @@ class WorkerBackend:
         return self.cancel_flag
 
     async def _session(self) -> McpSession | None:
-        return await _db(lambda: McpSession.objects.filter(pk=self.task.session_id).first())()  # type: ignore[no-any-return]
+        return await _db(lambda: McpSession.objects.filter(pk=self.task.session_id).first())()
 
     def client_supports(self, capability: str) -> bool:
         return capability in (self._capabilities or {})

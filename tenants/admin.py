@@ -49,7 +49,7 @@ class PrincipalAdmin(admin.ModelAdmin):
     readonly_fields = ("active_tasks", "created_at")
 
 
-class ExternalIssuerForm(forms.ModelForm):  # type: ignore[type-arg]
+class ExternalIssuerForm(forms.ModelForm):
     """The shared secret is write-only: never rendered back, kept when left blank."""
 
     shared_secret = forms.CharField(
@@ -62,7 +62,11 @@ class ExternalIssuerForm(forms.ModelForm):  # type: ignore[type-arg]
 
     class Meta:
         model = ExternalIssuer
-        fields = "__all__"
+        # Listed, not "__all__": a field added to the model later is not editable by accident.
+        fields = (
+            "tenant", "name", "active", "issuer", "jwks_url", "static_keys", "shared_secret", "audience",
+            "tenant_claim", "tenant_claim_value", "principal_claim", "scopes_claim", "algorithms", "leeway_s",
+        )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -45,7 +45,7 @@ def decrypt(value: str) -> str:
         raise ValueError("a stored secret cannot be decrypted: check MCPTASKS_SECRETS_KEY") from None
 
 
-class EncryptedTextField(models.TextField):  # type: ignore[type-arg]
+class EncryptedTextField(models.TextField):
     """A text field stored encrypted; Python code sees the plaintext."""
 
     def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:

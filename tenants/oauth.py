@@ -42,7 +42,7 @@ def _tenant_of(application_id: int) -> int | None:
     return TenantApplication.objects.filter(application_id=application_id).values_list("tenant_id", flat=True).first()
 
 
-class TenantOAuth2Validator(OAuth2Validator):  # type: ignore[misc]
+class TenantOAuth2Validator(OAuth2Validator):
     """DOT's validator, with scopes bounded by the application's and the membership's grants."""
 
     def validate_scopes(self, client_id: str, scopes: list[str], client: Any, request: Any, *args: Any,
@@ -72,7 +72,7 @@ class TenantOAuth2Validator(OAuth2Validator):  # type: ignore[misc]
         return [s for s in defaults if s in granted]
 
 
-class TenantAuthorizationView(AuthorizationView):  # type: ignore[misc]
+class TenantAuthorizationView(AuthorizationView):
     """DOT's consent page, shown only to members of the application's tenant."""
 
     def _refuse_non_member(self, request: HttpRequest) -> HttpResponse | None:
@@ -156,10 +156,10 @@ class ThrottledLoginView(auth_views.LoginView):
                 )
                 response["Retry-After"] = str(conf.get().LOGIN_WINDOW_S)
                 return response
-        return super().post(request, *args, **kwargs)  # type: ignore[no-any-return]
+        return super().post(request, *args, **kwargs)
 
     def form_invalid(self, form: Any) -> HttpResponse:
         """Count the failure against both budgets."""
         for key, _limit in _throttle_keys(self.request):
             _count_failure(key)
-        return super().form_invalid(form)  # type: ignore[no-any-return]
+        return super().form_invalid(form)

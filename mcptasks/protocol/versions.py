@@ -11,7 +11,7 @@ ASSUMED_WHEN_ABSENT = "2025-03-26"
 def negotiate(requested: str | None) -> str:
     """Answer a client's requested revision: the same one if supported, else the latest."""
     if requested in SUPPORTED:
-        return requested  # type: ignore[return-value]
+        return requested
     return LATEST
 
 

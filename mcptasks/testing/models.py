@@ -10,3 +10,6 @@ class RunRecord(models.Model):
     attempt = models.IntegerField()
     event = models.CharField(max_length=10)
     at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.task_key} #{self.attempt} {self.event}"

@@ -814,7 +814,7 @@ class McpConsumer(AsyncHttpConsumer):
             await self._resume_task_result(session, marker)
 
     async def _stored_events(self, stream_id: str, after: int) -> list[StreamEvent]:
-        return await database_sync_to_async(  # type: ignore[no-any-return]
+        return await database_sync_to_async(
             lambda: list(StreamEvent.objects.filter(stream_id=stream_id, seq__gt=after).order_by("seq"))
         )()
 

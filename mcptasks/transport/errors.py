@@ -44,7 +44,7 @@ TABLE: tuple[Rule, ...] = (
 #: Exceptions a handler may let escape for the transport to answer (all but McpError, which
 #: the dispatcher passes through anyway).
 PASSTHROUGH: tuple[type[Exception], ...] = tuple(
-    r.exc for r in TABLE if r.exc is not McpError and issubclass(r.exc, Exception)  # type: ignore[misc]
+    r.exc for r in TABLE if r.exc is not McpError and issubclass(r.exc, Exception)
 )
 UNAVAILABLE: tuple[type[Exception], ...] = (OperationalError, InterfaceError)
 

@@ -13,10 +13,8 @@ import re
 import secrets
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tests.support.client import ACCEPT_BOTH, McpClient
+from tests.support.oauth import JwksServer, KeyPair
 from tests.support.servers import REPO, Proc, Stack, free_port
 
 INIT = {
@@ -216,34 +215,20 @@ def _challenge_from_headers(headers: httpx.Headers) -> dict[str, str]:
 
 
 class _Jwks:
-    """A tiny issuer: an RSA key pair whose public half is served as a JWKS on localhost."""
+    """A tiny issuer: the shared JWKS server (tests/support/oauth.py) serving one RSA key pair."""
 
     def __init__(self) -> None:
-        self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        public = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(self.key.public_key()))
-        self.doc = {"keys": [{**public, "kid": "k1", "use": "sig", "alg": "RS256"}]}
-        self.fetches = 0
-        outer = self
+        self.pair = KeyPair("k1")
+        self.key = self.pair.private
+        self.server = JwksServer()
+        self.server.keys = [self.pair.jwk]
+        self.jwks_url = self.server.url
+        self.issuer = self.server.url.rsplit("/", 1)[0] + "/"
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server API
-                outer.fetches += 1
-                body = json.dumps(outer.doc).encode()
-                self.send_response(200 if self.path == "/jwks.json" else 404)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        port = self.httpd.server_address[1]
-        self.issuer = f"http://127.0.0.1:{port}/"
-        self.jwks_url = f"http://127.0.0.1:{port}/jwks.json"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
+    @property
+    def fetches(self) -> int:
+        """How often the JWKS was fetched."""
+        return self.server.hits
 
     def token(self, aud: str, *, key: Any = None, kid: str = "k1", alg: str = "RS256", **claims: Any) -> str:
         now = int(time.time())
@@ -261,8 +246,7 @@ class _Jwks:
         return jwt.encode(payload, key if key is not None else self.key, algorithm=alg, headers={"kid": kid})
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.server.close()
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.conftest import require_multiprocess
 from tests.support.client import McpClient
+from tests.support.requirements import require_multiprocess
 from tests.support.servers import Stack
 
 

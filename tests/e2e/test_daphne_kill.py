@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import require_multiprocess
 from tests.e2e.live_support import status_notes, twin
 from tests.support.client import McpClient, SseEvent
+from tests.support.requirements import require_multiprocess
 from tests.support.servers import Proc, Stack
 
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import require_multiprocess
 from tests.e2e.live_support import RELATED, Pair, status_notes, twin, wait_status
 from tests.support.client import McpClient, SseEvent
+from tests.support.requirements import require_multiprocess
 
 CAPABILITY_MISSING = -32012
 

@@ -18,10 +18,10 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-from tests.conftest import require_multiprocess
 from tests.e2e.live_support import Listener, is_terminal_note, status_notes, twin
 from tests.support.client import McpClient
 from tests.support.redis_proc import tcp_connections_to_port
+from tests.support.requirements import require_multiprocess
 from tests.support.servers import DEFAULT_DELIVERY, Proc, Stack, web_and_worker
 
 #: The pools a web process may hold: the layer's (one event loop) and the counters client.

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import require_multiprocess
 from tests.e2e.live_support import (
     RELATED,
     Listener,
@@ -25,6 +24,7 @@ from tests.e2e.live_support import (
     wait_status,
 )
 from tests.support.client import McpClient
+from tests.support.requirements import require_multiprocess
 from tests.support.servers import Stack
 
 STEPS = [("working", f"step {i} of 3") for i in (1, 2, 3)]

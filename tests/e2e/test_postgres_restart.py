@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import require_multiprocess, skip_or_fail
 from tests.e2e.live_support import wait_status
 from tests.support.client import McpClient
 from tests.support.pg_proc import PrivatePostgres
+from tests.support.requirements import require_multiprocess, skip_or_fail
 from tests.support.servers import Proc, Stack, web_and_worker
 
 TERMINAL = {"completed", "failed", "cancelled"}

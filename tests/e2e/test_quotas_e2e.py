@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import require_multiprocess
 from tests.e2e.test_tenancy import mint_tokens
 from tests.support.client import McpClient
+from tests.support.requirements import require_multiprocess
 from tests.support.servers import Proc, Stack
 
 QUOTA_EXCEEDED = -32010

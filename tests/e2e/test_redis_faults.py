@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_multiprocess
 from tests.e2e.live_support import Listener, status_notes, twin
 from tests.support.client import McpClient
 from tests.support.redis_proc import PrivateRedis
+from tests.support.requirements import require_multiprocess
 from tests.support.servers import DEFAULT_DELIVERY, Proc, Stack, web_and_worker
 
 OUTAGE_S = 30

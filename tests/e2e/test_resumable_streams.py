@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import require_multiprocess
 from tests.e2e.live_support import Pair, is_terminal_note, status_notes, twin
 from tests.support.client import McpClient, SseEvent
+from tests.support.requirements import require_multiprocess
 from tests.support.servers import Stack
 
 MAX_STREAM_S = 2.0

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import REQUIRE_SERVICES
+from tests.support.requirements import REQUIRE_SERVICES
 from tests.support.servers import Proc
 
 try:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import skip_or_fail
+from tests.support.requirements import skip_or_fail
 from tests.support.servers import Proc
 
 SDK_DIR = Path(__file__).resolve().parent / "sdk"

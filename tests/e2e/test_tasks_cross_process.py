@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import require_multiprocess
 from tests.support.client import McpClient, SseEvent
+from tests.support.requirements import require_multiprocess
 from tests.support.servers import Proc, Stack
 
 from .test_tasks_spec import NO_BACKSTOP, in_background, wait_status

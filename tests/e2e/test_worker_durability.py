@@ -6,9 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import require_multiprocess
 from tests.e2e.live_support import wait_status
 from tests.support.client import McpClient
+from tests.support.requirements import require_multiprocess
 from tests.support.servers import FAST_SETTINGS, Proc, Stack, web_and_worker
 
 CONCURRENCY = 8

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import require_multiprocess
 from tests.support.client import McpClient
+from tests.support.requirements import require_multiprocess
 from tests.support.servers import FAST_SETTINGS, Proc, Stack
 from tests.support.waiting import wait_for
 

@@ -13,8 +13,8 @@ from django.db import connection
 from mcptasks import services
 from mcptasks.models import Task, TaskMessage, TaskStatus
 from tenants.models import Principal, Tenant
-from tests.conftest import require_postgres
-from tests.mcptasks.conftest import expire, make_auth, make_session, make_task
+from tests.support.factories import expire, make_auth, make_session, make_task
+from tests.support.requirements import require_postgres
 
 
 class BatchSpy:
@@ -123,7 +123,7 @@ def _plain_request(auth: Any, session: Any, *, idle_s: float) -> Task:
 
     from django.utils import timezone
 
-    from tests.mcptasks.conftest import demo_tool
+    from tests.support.factories import demo_tool
 
     row = services.create_task(
         auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1}, request_id=f"r{idle_s}",

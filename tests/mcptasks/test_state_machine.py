@@ -19,8 +19,8 @@ from mcptasks import services
 from mcptasks.models import Task, TaskStatus
 from mcptasks.protocol.messages import TERMINAL_STATUSES, can_transition
 from tenants.models import Principal
-from tests.conftest import require_postgres
-from tests.mcptasks.conftest import make_auth, make_session, make_task
+from tests.support.factories import make_auth, make_session, make_task
+from tests.support.requirements import require_postgres
 
 STATUSES = [s.value for s in TaskStatus]
 TERMINAL = {s.value for s in TERMINAL_STATUSES}

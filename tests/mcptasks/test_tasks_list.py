@@ -12,8 +12,8 @@ from mcptasks import selectors
 from mcptasks.models import Task
 from mcptasks.protocol.errors import McpError
 from tenants.auth import AuthContext
-from tests.conftest import require_postgres
-from tests.mcptasks.conftest import expire, make_auth, make_session, make_task
+from tests.support.factories import expire, make_auth, make_session, make_task
+from tests.support.requirements import require_postgres
 
 PRE_EXISTING = 150
 CONCURRENT = 1000

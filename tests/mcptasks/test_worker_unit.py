@@ -11,6 +11,7 @@ from django.utils import timezone
 from mcptasks.models import Task, TaskStatus
 from mcptasks.registry import Registry
 from mcptasks.worker import WORKER_LOST, Worker, tool_lock_key
+from tests.support.factories import task_row
 
 pytestmark = pytest.mark.django_db
 
@@ -32,24 +33,12 @@ async def u_limited() -> str:
     return "ok"
 
 
-def make_task(tool: str, *, max_attempts: int = 1, **kw: Any) -> Task:
-    from tenants.services import anonymous_principal, default_tenant
-
-    tenant = default_tenant()
-    now = timezone.now()
-    return Task.objects.create(
-        tenant=tenant, principal=anonymous_principal(tenant=tenant), session_id="s", tool_name=tool,
-        params={"name": tool, "arguments": {}}, created_at=now, last_updated_at=now, max_attempts=max_attempts,
-        ttl_ms=60_000, **kw,
-    )
-
-
 def worker(name: str = "w1") -> Worker:
     return Worker(concurrency=4, worker_id=name, registry_=reg, run_cleanup=False)
 
 
 def test_claim_stamps_attempt_worker_and_lease() -> None:
-    t = make_task("u_retry", max_attempts=3)
+    t = task_row("u_retry", max_attempts=3)
     claimed = worker()._claim(10)
     assert [c.task_id for c in claimed] == [t.task_id]
     t.refresh_from_db()
@@ -59,7 +48,7 @@ def test_claim_stamps_attempt_worker_and_lease() -> None:
 
 def test_expired_lease_of_retryable_task_is_rerun_with_next_attempt() -> None:
     past = timezone.now() - dt.timedelta(seconds=1)
-    t = make_task("u_retry", max_attempts=3, attempt=1, worker_id="dead", lease_expires_at=past)
+    t = task_row("u_retry", max_attempts=3, attempt=1, worker_id="dead", lease_expires_at=past)
     (c,) = worker("w2")._claim(10)
     assert c.attempt == 2 and c.worker_id == "w2"
     assert worker("w2")._reap_lost() == 0
@@ -69,7 +58,7 @@ def test_expired_lease_of_retryable_task_is_rerun_with_next_attempt() -> None:
 
 def test_expired_lease_of_last_attempt_fails_as_worker_lost() -> None:
     past = timezone.now() - dt.timedelta(seconds=1)
-    t = make_task("u_once", attempt=1, worker_id="dead", lease_expires_at=past)
+    t = task_row("u_once", attempt=1, worker_id="dead", lease_expires_at=past)
     assert worker()._claim(10) == []
     assert worker()._reap_lost() == 1
     t.refresh_from_db()
@@ -79,14 +68,14 @@ def test_expired_lease_of_last_attempt_fails_as_worker_lost() -> None:
 
 def test_live_lease_is_not_reaped() -> None:
     future = timezone.now() + dt.timedelta(seconds=30)
-    t = make_task("u_once", attempt=1, worker_id="alive", lease_expires_at=future)
+    t = task_row("u_once", attempt=1, worker_id="alive", lease_expires_at=future)
     assert worker()._reap_lost() == 0
     t.refresh_from_db()
     assert t.status == TaskStatus.WORKING
 
 
 def test_hand_back_releases_at_once_without_using_an_attempt() -> None:
-    t = make_task("u_once")
+    t = task_row("u_once")
     w1 = worker("w1")
     (c,) = w1._claim(10)
     assert w1._release([(c.task_id, c.attempt)]) == 1
@@ -104,7 +93,7 @@ def test_hand_back_releases_at_once_without_using_an_attempt() -> None:
 
 def test_renew_reports_cancelled_and_superseded_runs() -> None:
     w = worker("w1")
-    a, b, c = (make_task("u_retry", max_attempts=3) for _ in range(3))
+    a, b, c = (task_row("u_retry", max_attempts=3) for _ in range(3))
     claimed = {t.task_id: t.attempt for t in w._claim(10)}
     assert set(claimed) == {a.task_id, b.task_id, c.task_id}
     Task.objects.filter(pk=b.pk).update(cancel_requested=True, status=TaskStatus.CANCELLED)
@@ -114,7 +103,7 @@ def test_renew_reports_cancelled_and_superseded_runs() -> None:
 
 def test_claim_skips_tasks_already_running_here() -> None:
     past = timezone.now() - dt.timedelta(seconds=1)
-    t = make_task("u_retry", max_attempts=3, attempt=1, worker_id="w1", lease_expires_at=past)
+    t = task_row("u_retry", max_attempts=3, attempt=1, worker_id="w1", lease_expires_at=past)
     w = worker("w1")
     w.running[t.task_id] = (None, None, 1)  # type: ignore[assignment]
     assert w._claim(10) == []
@@ -122,10 +111,10 @@ def test_claim_skips_tasks_already_running_here() -> None:
 
 def test_max_concurrency_counts_live_leases_of_every_worker() -> None:
     future = timezone.now() + dt.timedelta(seconds=30)
-    make_task("u_limited", attempt=1, worker_id="other", lease_expires_at=future)
+    task_row("u_limited", attempt=1, worker_id="other", lease_expires_at=future)
     for _ in range(3):
-        make_task("u_limited")
-    other = make_task("u_once")
+        task_row("u_limited")
+    other = task_row("u_once")
     claimed = worker()._claim(10)
     names = sorted(t.tool_name for t in claimed)
     assert names == ["u_limited", "u_once"]  # one slot left of 2; other tools not held up
@@ -148,7 +137,7 @@ def test_progress_stops_at_terminal_status() -> None:
     from mcptasks.models import StreamEvent
     from mcptasks.worker import WorkerBackend
 
-    task = make_task("u_once")
+    task = task_row("u_once")
     Task.objects.filter(pk=task.pk).update(progress_token="tok", attempt=1)
     task.refresh_from_db()
     backend = WorkerBackend(Worker(registry_=reg), task)
@@ -191,7 +180,7 @@ def test_outcome_write_is_retried_through_a_database_outage(monkeypatch: pytest.
 def test_claims_are_fair_across_tenants() -> None:
     """Issue 11 item 7: a tenant flooding the queue does not starve another tenant."""
     from mcptasks.worker import Worker
-    from tests.mcptasks.conftest import make_auth, make_session, make_task
+    from tests.support.factories import make_auth, make_session, make_task
 
     flood, other = make_auth(), make_auth()
     flood_session, other_session = make_session(flood), make_session(other)
@@ -211,7 +200,7 @@ def test_plain_calls_take_a_quota_slot() -> None:
     from mcptasks.models import Task
     from tenants.models import Tenant
     from tenants.quotas import QuotaExceeded
-    from tests.mcptasks.conftest import demo_tool, make_auth, make_session, make_tenant
+    from tests.support.factories import demo_tool, make_auth, make_session, make_tenant
 
     tenant = make_tenant(max_concurrent_tasks=1)
     auth = make_auth(tenant)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -22,7 +23,7 @@ def web(stack: Stack) -> Iterator[Proc]:
 
 
 def _rss_mb(proc: Proc) -> int:
-    status = open(f"/proc/{proc.popen.pid}/status").read()
+    status = Path(f"/proc/{proc.popen.pid}/status").read_text()
     return int(status.split("VmRSS:")[1].split()[0]) // 1024
 
 

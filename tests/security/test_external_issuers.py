@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from tenants.auth import AuthError, authenticate
 from tenants.models import ExternalIssuer, Principal
 from tenants.services import get_or_create_principal
-from tests.tenants.tenants_testutil import ISSUER, RESOURCE, KeyPair, jwt_claims
+from tests.support.oauth import ISSUER, RESOURCE, KeyPair, jwt_claims
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,7 @@ from django.test import Client
 
 from tenants.auth import authenticate
 from tenants.models import ExternalIssuer
-from tests.tenants.tenants_testutil import ISSUER, RESOURCE, jwt_claims
+from tests.support.oauth import ISSUER, RESOURCE, jwt_claims
 
 pytestmark = pytest.mark.django_db
 

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from tests.support.client import ACCEPT_BOTH, McpClient
+from tests.support.oauth import JwksServer, KeyPair
 from tests.support.servers import Proc, Stack
-from tests.tenants.tenants_testutil import JwksServer, KeyPair
 
 SLOW_ISS = "https://slow-idp.example.test/"
 

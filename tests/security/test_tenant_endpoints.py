@@ -15,7 +15,7 @@ from django.test import Client
 from tenants.auth import AuthError, authenticate
 from tenants.models import ExternalIssuer
 from tenants.services import create_client_application, issue_token
-from tests.tenants.tenants_testutil import ISSUER, RESOURCE, KeyPair, jwt_claims
+from tests.support.oauth import ISSUER, RESOURCE, KeyPair, jwt_claims
 
 pytestmark = pytest.mark.django_db
 

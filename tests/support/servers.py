@@ -115,8 +115,8 @@ class Stack:
     def _spawn(self, args: list[str], name: str, extra_env: dict[str, str] | None = None) -> Proc:
         log = self.tmp / f"{name}-{secrets.token_hex(3)}.log"
         env = {**os.environ, **self.env, **(extra_env or {})}
-        fh = open(log, "wb")  # noqa: SIM115 - closed with the process
-        popen = subprocess.Popen(args, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
+        with open(log, "wb") as fh:  # the child keeps its own copy of the descriptor
+            popen = subprocess.Popen(args, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
         proc = Proc(popen, log)
         self.procs.append(proc)
         return proc

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.support.isolation import fresh_process_state
-from tests.tenants.tenants_testutil import ISSUER, RESOURCE, JwksServer, KeyPair
+from tests.support.oauth import ISSUER, RESOURCE, JwksServer, KeyPair
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ import pytest
 
 from tenants.auth import AuthError, authenticate
 from tenants.models import ExternalIssuer, Principal
-from tests.tenants.tenants_testutil import ISSUER, TENANT_RESOURCE, KeyPair, jwt_claims
+from tests.support.oauth import ISSUER, TENANT_RESOURCE, KeyPair, jwt_claims
 
 pytestmark = pytest.mark.django_db
 

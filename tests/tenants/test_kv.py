@@ -13,7 +13,7 @@ from tenants.auth import AuthContext
 from tenants.models import Tenant
 from tenants.ratelimit import RateLimited, check_rate, note_poll
 from tenants.selectors import clear_limits_cache
-from tests.conftest import require_redis
+from tests.support.requirements import require_redis
 from tests.support.servers import free_port
 
 pytestmark = pytest.mark.django_db

@@ -13,7 +13,7 @@ from tenants.models import Principal, Tenant
 from tenants.quotas import QuotaExceeded, acquire_task_slot, release_task_slot
 from tenants.selectors import clear_limits_cache, effective_limits
 from tenants.services import get_or_create_principal
-from tests.conftest import require_postgres
+from tests.support.requirements import require_postgres
 
 pytestmark = pytest.mark.django_db
 

@@ -1,4 +1,4 @@
-"""Helpers shared by the tenants tests (keys, a JWKS server, JWT claims)."""
+"""OAuth test helpers: signing keys, one JWKS server (also a slow identity provider), JWT claims."""
 
 from __future__ import annotations
 

@@ -1,0 +1,89 @@
+"""Run the official MCP conformance suite against real servers started by :mod:`tests.support.servers`.
+
+``.ci/conformance.sh`` installs the suite and Node 22, then runs
+``python -m tests.support.conformance NODE SUITE``: once on the embedded default (SQLite,
+in-memory layer, worker inside daphne) and, when ``DATABASE_URL`` is PostgreSQL, once on a
+scratch database with a separate worker (over Redis when ``REDIS_URL`` is set). The servers are
+started exactly as the end-to-end tests start them, on the default settings. The expected-
+failures baseline is ``server: []``, so any failure *or warning* fails the run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from .servers import FAST_SETTINGS, make_stack
+
+#: What the stack adds for the e2e tests that the conformance runs must not have.
+_TEST_ONLY = ("MCPTASKS_EXTRA_APPS", *FAST_SETTINGS)
+
+
+@contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run_suite(label: str, *, node: str, suite: str, database_url: str, redis_url: str) -> bool:
+    """One run of ``--suite all``; prints the suite's report, and log tails on failure."""
+    work = Path(tempfile.mkdtemp(prefix=f"mcptasks-conformance-{label}-"))
+    with _environ(DATABASE_URL=database_url, REDIS_URL=redis_url):
+        stack, teardown = make_stack(work)
+    for key in _TEST_ONLY:
+        stack.env.pop(key, None)
+    try:
+        web = stack.daphne()  # embedded worker unless PostgreSQL + Redis
+        if stack.multi_process:
+            stack.worker(concurrency=8)
+        print(f"\n=== conformance ({label}) on {web.url} ===", flush=True)
+        baseline = work / "baseline.yml"
+        baseline.write_text("server: []\n")
+        run = subprocess.run(
+            [node, suite, "server", "--url", web.url, "--suite", "all", "--expected-failures", str(baseline)],
+            cwd=work, capture_output=True, text=True, timeout=900,
+        )
+        print(run.stdout, run.stderr, sep="\n", flush=True)
+        if run.returncode == 0 and re.search(r"^Total: \d+ passed, 0 failed", run.stdout, re.M):
+            total = re.search(r"^Total: .*$", run.stdout, re.M)
+            print(f"conformance ({label}): {total.group(0) if total else ''}, no warnings", flush=True)
+            return True
+        print(f"conformance ({label}): FAILED (exit {run.returncode}; any failure or warning fails)")
+        for proc in stack.procs:
+            print(f"--- {proc.log.name} (tail) ---\n" + "\n".join(proc.log_text().splitlines()[-60:]))
+        return False
+    finally:
+        teardown()
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tests.support.conformance NODE SUITE``: every run; 0 when all pass."""
+    node, suite = argv
+    ok = run_suite("sqlite", node=node, suite=suite, database_url="", redis_url="")
+    database_url = os.environ.get("DATABASE_URL", "")
+    if database_url.startswith(("postgres://", "postgresql://")):
+        ok = run_suite("postgres", node=node, suite=suite, database_url=database_url,
+                       redis_url=os.environ.get("REDIS_URL", "")) and ok
+    else:
+        print("conformance: DATABASE_URL is not PostgreSQL; skipped the PostgreSQL + separate worker run")
+    if ok:
+        print("conformance: all runs passed with 0 failures and 0 warnings")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
