@@ -516,6 +516,13 @@ class McpConsumer(AsyncHttpConsumer):
     async def _request(self, msg: jsonrpc.JSONRPCRequest) -> None:
         assert self.auth is not None
         rid = msg.id
+        route = dispatcher.route(msg.method)
+        if self.session is not None and not self.session.initialized and route is not None and not route.before_init:
+            # The method table says what may run before notifications/initialized (ping); the
+            # official SDK servers refuse the rest the same way.
+            error = McpError(INVALID_REQUEST, "Invalid Request: send notifications/initialized before other requests")
+            await self._send_json(400, jsonrpc.error_response(rid, error))
+            return
         scope = required_scope(msg.method, msg.params)
         if scope and not self.auth.has_scope(scope):
             err = insufficient_scope(scope=scope, resource_url=self._resource_url())

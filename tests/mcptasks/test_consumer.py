@@ -69,7 +69,10 @@ async def initialize() -> list[tuple[bytes, bytes]]:
     message = json.loads(response["body"])
     validate_server_message(message, "initialize")
     sid = headers_of(response)["mcp-session-id"]
-    return [*BASE_HEADERS, (b"mcp-session-id", sid.encode()), (b"mcp-protocol-version", b"2025-11-25")]
+    headers = [*BASE_HEADERS, (b"mcp-session-id", sid.encode()), (b"mcp-protocol-version", b"2025-11-25")]
+    done = await post({"jsonrpc": "2.0", "method": "notifications/initialized"}, headers)
+    assert done["status"] == 202
+    return headers
 
 
 async def test_initialize_assigns_a_session_and_negotiates_the_latest_revision() -> None:
@@ -106,6 +109,18 @@ async def test_malformed_input_gets_json_rpc_errors_never_500() -> None:
     bad = json.loads((await post({"jsonrpc": "2.0", "id": 3, "method": "tasks/get", "params": {"taskId": 5}},
                                  headers))["body"])
     assert bad["error"]["code"] == -32602
+
+
+async def test_only_ping_comes_before_notifications_initialized() -> None:
+    response = await post(INIT)
+    sid = headers_of(response)["mcp-session-id"]
+    headers = [*BASE_HEADERS, (b"mcp-session-id", sid.encode()), (b"mcp-protocol-version", b"2025-11-25")]
+    early = await post({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, headers)
+    assert early["status"] == 400
+    assert json.loads(early["body"])["error"]["code"] == -32600
+    assert (await post({"jsonrpc": "2.0", "id": 3, "method": "ping"}, headers))["status"] == 200
+    await post({"jsonrpc": "2.0", "method": "notifications/initialized"}, headers)
+    assert (await post({"jsonrpc": "2.0", "id": 4, "method": "tools/list"}, headers))["status"] == 200
 
 
 async def test_requests_after_initialize_need_a_known_session() -> None:
