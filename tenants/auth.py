@@ -161,12 +161,19 @@ def _builtin_token_context(*, token: str, resource_url: str) -> AuthContext:
     """Resolve a token minted by the built-in authorization server (django-oauth-toolkit)."""
     from oauth2_provider.models import get_access_token_model
 
-    from .models import Principal, TenantApplication, TenantMembership
+    from .models import Principal, TenantMembership
     from .services import get_or_create_principal
 
     checksum = hashlib.sha256(token.encode("utf-8")).hexdigest()
     model = get_access_token_model()
-    access = model.objects.select_related("application", "user").filter(token_checksum=checksum).first()
+    # One query for the token, its client, the client's tenant link, tenant and principal.
+    access = (
+        model.objects.select_related(
+            "application", "user", "application__tenant_link__tenant", "application__tenant_link__principal"
+        )
+        .filter(token_checksum=checksum)
+        .first()
+    )
     if access is None:
         # Unknown or revoked (DOT deletes revoked access tokens).
         raise _unauthorized(resource_url=resource_url, message="Invalid or revoked access token")
@@ -187,11 +194,7 @@ def _builtin_token_context(*, token: str, resource_url: str) -> AuthContext:
     application = access.application
     if application is None:
         raise _unauthorized(resource_url=resource_url, message="Access token has no client")
-    link = (
-        TenantApplication.objects.select_related("tenant", "principal")
-        .filter(application_id=application.pk)
-        .first()
-    )
+    link = getattr(application, "tenant_link", None)
     if link is None:
         logger.warning("token %s refused: application %s belongs to no tenant", ref, application.pk)
         raise _unauthorized(resource_url=resource_url, message="Client is not registered with a tenant")

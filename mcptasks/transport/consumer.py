@@ -446,10 +446,17 @@ class McpConsumer(AsyncHttpConsumer):
                 raise HttpError(400, "Bad Request: Mcp-Session-Id header is required")
             return None
         assert self.auth is not None
-        session = await database_sync_to_async(selectors.get_session)(session_id=sid, auth=self.auth)
+        session = await database_sync_to_async(self._session_and_touch)(sid, self.auth)
         if session is None:
             raise HttpError(404, "Session not found")
-        await database_sync_to_async(services.touch_session)(session=session)
+        return session
+
+    @staticmethod
+    def _session_and_touch(session_id: str, auth: AuthContext) -> McpSession | None:
+        # One thread hop for both: every hop queues on the one thread-sensitive executor.
+        session = selectors.get_session(session_id=session_id, auth=auth)
+        if session is not None:
+            services.touch_session(session=session)
         return session
 
     # --- POST --------------------------------------------------------------------------------
@@ -530,13 +537,12 @@ class McpConsumer(AsyncHttpConsumer):
             await self._send_json(err.status, {**err.body, "id": rid}, err.headers)
             return
         try:
-            await database_sync_to_async(ratelimit.check_rate)(
-                auth=self.auth, op_class=operation_class(msg.method, msg.params)
-            )
             task_id = msg.params.get("taskId") if isinstance(msg.params, dict) else None
-            if msg.method == "tasks/get" and isinstance(task_id, str) and _TASK_ID.fullmatch(task_id):
-                # Polling faster than pollInterval costs an extra read (see tenants.ratelimit).
-                await database_sync_to_async(self._note_poll)(self.auth, task_id)
+            is_poll = msg.method == "tasks/get" and isinstance(task_id, str) and _TASK_ID.fullmatch(task_id)
+            polled = task_id if is_poll else None
+            await database_sync_to_async(self._count_request)(
+                self.auth, operation_class(msg.method, msg.params), polled
+            )
         except RateLimited as exc:
             await self._refuse(rid, exc)
             return
@@ -567,9 +573,13 @@ class McpConsumer(AsyncHttpConsumer):
         await self._send_json(200, jsonrpc.response(rid, result), extra)
 
     @staticmethod
-    def _note_poll(auth: AuthContext, task_id: str) -> None:
-        limits = effective_limits(tenant_id=auth.tenant_id)
-        ratelimit.note_poll(auth=auth, task_id=task_id, poll_interval_ms=limits.poll_interval_ms)
+    def _count_request(auth: AuthContext, op_class: str, polled_task_id: str | None) -> None:
+        """Rate limits in one thread hop: the request's class, and a poll faster than pollInterval."""
+        ratelimit.check_rate(auth=auth, op_class=op_class)  # type: ignore[arg-type]
+        if polled_task_id is not None:
+            # Polling faster than pollInterval costs an extra read (see tenants.ratelimit).
+            limits = effective_limits(tenant_id=auth.tenant_id)
+            ratelimit.note_poll(auth=auth, task_id=polled_task_id, poll_interval_ms=limits.poll_interval_ms)
 
     # --- streams -----------------------------------------------------------------------------
 
