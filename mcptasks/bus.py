@@ -21,6 +21,7 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
+from django.db.models import Max
 
 from tenants import conf as kv_conf
 
@@ -118,8 +119,16 @@ def _layer_send(group: str, message: dict[str, Any]) -> None:
 def _append(*, session_id: str, stream_id: str, data: str) -> StreamEvent:
     """Store ``data`` as the next event of the stream, numbered under the stream's row lock."""
     with transaction.atomic():
+        # A missing cursor starts after the newest stored event, not at 0: cleanup may have
+        # removed the cursor of a stream whose session row is gone (tasks enqueued without a
+        # client) while its events are still retained.
         cursor, _ = StreamCursor.objects.select_for_update().get_or_create(
-            stream_id=stream_id, defaults={"session_id": session_id}
+            stream_id=stream_id,
+            defaults={
+                "session_id": session_id,
+                # A callable: evaluated only when the row is created (django-stubs do not know it).
+                "last_seq": lambda: StreamEvent.objects.filter(stream_id=stream_id).aggregate(m=Max("seq"))["m"] or 0,
+            },  # type: ignore[misc]
         )
         cursor.last_seq += 1
         cursor.save(update_fields=["last_seq", "updated_at"])

@@ -402,6 +402,7 @@ def test_serve_creates_a_demo_tenant_and_prints_a_token(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+        proc.stdout.close()  # type: ignore[union-attr]
 
 
 def _hs256_with(secret: bytes, claims: dict[str, Any]) -> str:

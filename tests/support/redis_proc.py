@@ -29,12 +29,12 @@ class PrivateRedis:
         """Start (or restart, empty: nothing is persisted) and wait until it answers."""
         binary = shutil.which("redis-server")
         assert binary, "redis-server is not installed"
-        log = open(self.tmp / f"redis-{self.port}.log", "ab")  # noqa: SIM115 - lives with the process
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.tmp)],
-            stdout=log, stderr=subprocess.STDOUT,
-        )
+        with open(self.tmp / f"redis-{self.port}.log", "ab") as log:  # the child keeps its own copy
+            self.proc = subprocess.Popen(
+                [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                 "--dir", str(self.tmp)],
+                stdout=log, stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Issue 13 benchmark: tasks/get of mcptasks next to the official Python SDK and a bare Channels
+# consumer, in one run (see bench/tasks_get.py). Needs PostgreSQL, Redis, wrk and taskset.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
+export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379/0}"
+exec .venv/bin/python bench/tasks_get.py "$@"

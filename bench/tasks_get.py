@@ -1,0 +1,189 @@
+"""Issue 13 benchmark: tasks/get throughput and latency, mcptasks next to its peers, in one run.
+
+Each server gets core 0 (``taskset``), wrk gets core 1, so the client does not steal the
+server's CPU. For every server a session is opened and one task created; wrk then POSTs
+``tasks/get`` for it over 32 connections (and 1) for a few seconds. Servers:
+
+- ``sdk``: the official Python SDK peer (``bench/peers/sdk_server.py``: mcp 1.30 low-level server,
+  ``enable_tasks()``, JSON responses, in-memory store) under uvicorn;
+- ``bare``: a Channels consumer that answers a constant (``bench/peers/bare_consumer.py``)
+  under daphne, the ceiling of any Channels app there;
+- ``mcptasks``: one daphne process on PostgreSQL + Redis with a real bearer token, the full auth
+  and rate-limit path, and a separate worker (it runs the tool, not the request path);
+- ``mcptasks-uvicorn``: the same application under uvicorn.
+
+Usage (PostgreSQL and Redis as in CI; needs ``wrk`` and ``taskset``)::
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/0 \\
+        .venv/bin/python bench/tasks_get.py [SECONDS]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.support.client import ACCEPT_BOTH  # noqa: E402
+from tests.support.servers import FAST_SETTINGS, Proc, free_port, make_stack  # noqa: E402
+
+LUA = """
+wrk.method = "POST"
+wrk.body = os.getenv("BENCH_BODY")
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Accept"] = "application/json, text/event-stream"
+wrk.headers["MCP-Protocol-Version"] = "2025-11-25"
+local sid = os.getenv("BENCH_SID")
+if sid and sid ~= "" then wrk.headers["Mcp-Session-Id"] = sid end
+local auth = os.getenv("BENCH_AUTH")
+if auth and auth ~= "" then wrk.headers["Authorization"] = auth end
+"""
+
+
+def _session(url: str, token: str | None) -> tuple[str, str]:
+    """Open a session and create one task; returns (session id, task id)."""
+    headers = {"Accept": ACCEPT_BOTH, "Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    init = httpx.post(url, headers=headers, timeout=30, json={
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                   "clientInfo": {"name": "bench", "version": "1"}},
+    })
+    init.raise_for_status()
+    sid = init.headers.get("mcp-session-id", "")
+    headers = {**headers, "Mcp-Session-Id": sid, "MCP-Protocol-Version": "2025-11-25"}
+    httpx.post(url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, timeout=30)
+    created = httpx.post(url, headers=headers, timeout=30, json={
+        "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "demo_sleep", "arguments": {"ms": 1}, "task": {"ttl": 3_600_000}},
+    })
+    created.raise_for_status()
+    task_id = created.json()["result"]["task"]["taskId"]
+    check = httpx.post(url, headers=headers, timeout=30,
+                       json={"jsonrpc": "2.0", "id": 3, "method": "tasks/get", "params": {"taskId": task_id}})
+    assert check.json()["result"]["taskId"] == task_id, check.text
+    return sid, task_id
+
+
+def _wrk(url: str, *, connections: int, seconds: float, env: dict[str, str], script: Path) -> dict[str, float]:
+    out = subprocess.run(
+        ["taskset", "-c", "1", "wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds:g}s", "--latency",
+         "-s", str(script), url],
+        capture_output=True, text=True, env={**os.environ, **env}, check=True,
+    ).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+
+    def pct(p: str) -> float:
+        m = re.search(rf"^\s+{p}%\s+([\d.]+)(us|ms|s)$", out, re.M)
+        if not m:
+            return float("nan")
+        value, unit = float(m.group(1)), m.group(2)
+        return value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
+
+    return {"rps": rps, "p50": pct("50"), "p99": pct("99"), "non2xx": float(errors.group(1)) if errors else 0.0}
+
+
+def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as fh:
+        return subprocess.Popen(["taskset", "-c", "0", *args], cwd=REPO, env={**os.environ, **env},
+                                stdout=fh, stderr=subprocess.STDOUT)
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url} exited:\n{log.read_text()}")
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise RuntimeError(f"{url} did not start:\n{log.read_text()}")
+
+
+def main() -> None:
+    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 10.0
+    for tool in ("wrk", "taskset"):
+        if shutil.which(tool) is None:
+            sys.exit(f"{tool} is required (apt-get install wrk util-linux)")
+    if not os.environ.get("DATABASE_URL", "").startswith("postgres") or not os.environ.get("REDIS_URL"):
+        sys.exit("set DATABASE_URL (PostgreSQL) and REDIS_URL")
+    work = Path(tempfile.mkdtemp(prefix="bench-"))
+    script = work / "tasks_get.lua"
+    script.write_text(LUA)
+    stack, teardown = make_stack(work)
+    for key in ("MCPTASKS_EXTRA_APPS", "MCPTASKS_ALLOW_ANONYMOUS", *FAST_SETTINGS):
+        stack.env.pop(key, None)
+    stack.env["DEBUG"] = "0"  # DEBUG records every query: not what production runs
+    procs: list[subprocess.Popen[bytes]] = []
+    results: list[tuple[str, int, dict[str, float]]] = []
+    try:
+        token = stack.token("bench", "bencher")
+        worker: Proc = stack.worker(concurrency=8)
+        del worker
+        servers: list[tuple[str, list[str], dict[str, str], str, str | None]] = []
+        port = free_port()
+        servers.append(("sdk (mcp 1.30, uvicorn)", [sys.executable, "bench/peers/sdk_server.py", str(port)], {},
+                        f"http://127.0.0.1:{port}/mcp", None))
+        port = free_port()
+        servers.append(("bare Channels consumer (daphne)",
+                        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                         "bench.peers.bare_consumer:application"], stack.env, f"http://127.0.0.1:{port}/", "bare"))
+        port = free_port()
+        servers.append(("mcptasks (daphne)",
+                        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                         "mcptasks.asgi:application"],
+                        {**stack.env, "MCPTASKS_EMBEDDED_WORKER": "0"}, f"http://127.0.0.1:{port}/mcp", token))
+        port = free_port()
+        servers.append(("mcptasks (uvicorn)",
+                        [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port),
+                         "--log-level", "warning", "mcptasks.asgi:application"],
+                        {**stack.env, "MCPTASKS_EMBEDDED_WORKER": "0"}, f"http://127.0.0.1:{port}/mcp", token))
+        for label, args, env, url, auth in servers:
+            log = work / f"{label.split()[0]}-{len(procs)}.log"
+            proc = _spawn(args, env, log)
+            procs.append(proc)
+            _wait(url, proc, log)
+            if auth == "bare":
+                wrk_env = {"BENCH_BODY": '{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"taskId":"x"}}'}
+            else:
+                sid, task_id = _session(url, auth)
+                wrk_env = {"BENCH_SID": sid, "BENCH_AUTH": f"Bearer {auth}" if auth else "",
+                           "BENCH_BODY": json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tasks/get",
+                                                     "params": {"taskId": task_id}})}
+            _wrk(url, connections=8, seconds=2, env=wrk_env, script=script)  # warm-up
+            for connections in (32, 1):
+                results.append((label, connections, _wrk(url, connections=connections, seconds=seconds,
+                                                         env=wrk_env, script=script)))
+            proc.terminate()
+            proc.wait(timeout=15)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+        teardown()
+    peer = {c: r["rps"] for label, c, r in results if label.startswith("sdk")}
+    bare = {c: r["rps"] for label, c, r in results if label.startswith("bare")}
+    print("| server | connections | tasks/get req/s | p50 ms | p99 ms | non-2xx | vs SDK peer | vs bare consumer |")
+    print("|---|---|---|---|---|---|---|---|")
+    for label, c, r in results:
+        print(f"| {label} | {c} | {r['rps']:.0f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['non2xx']:.0f} | "
+              f"{r['rps'] / peer[c]:.2f}x | {r['rps'] / bare[c]:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
