@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.core.signals import setting_changed
-
 from tenants.typed_settings import Loader, setting
 
 
@@ -87,19 +85,9 @@ class AppSettings:
 
 
 _loader: Loader[AppSettings] = Loader(AppSettings, "MCPTASKS")
-setting_changed.connect(_loader.reset_on("MCPTASKS"), weak=False)
-
-
-def get() -> AppSettings:
-    """Current settings (cached; rebuilt when ``settings.MCPTASKS`` changes)."""
-    return _loader.get()
-
-
-def reset() -> None:
-    """Forget the cached settings (after changing ``settings.MCPTASKS`` in place)."""
-    _loader.reset()
-
-
-def unknown_keys() -> list[str]:
-    """Keys of ``settings.MCPTASKS`` that name no setting."""
-    return _loader.unknown_keys()
+#: The current settings (cached; rebuilt when ``settings.MCPTASKS`` changes).
+get = _loader.get
+#: Forget the cached settings (after changing ``settings.MCPTASKS`` in place).
+reset = _loader.reset
+#: Keys of ``settings.MCPTASKS`` that name no setting.
+unknown_keys = _loader.unknown_keys

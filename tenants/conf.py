@@ -5,8 +5,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from django.core.signals import setting_changed
-
 from .typed_settings import Loader, setting
 
 #: Scopes an MCP client may hold (also the scopes of the anonymous principal).
@@ -77,22 +75,12 @@ class TenantSettings:
 
 
 _loader: Loader[TenantSettings] = Loader(TenantSettings, "TENANTS")
-setting_changed.connect(_loader.reset_on("TENANTS"), weak=False)
-
-
-def get() -> TenantSettings:
-    """Current settings (cached; rebuilt when ``settings.TENANTS`` changes)."""
-    return _loader.get()
-
-
-def reset() -> None:
-    """Forget the cached settings (after changing ``settings.TENANTS`` in place)."""
-    _loader.reset()
-
-
-def unknown_keys() -> list[str]:
-    """Keys of ``settings.TENANTS`` that name no setting."""
-    return _loader.unknown_keys()
+#: The current settings (cached; rebuilt when ``settings.TENANTS`` changes).
+get = _loader.get
+#: Forget the cached settings (after changing ``settings.TENANTS`` in place).
+reset = _loader.reset
+#: Keys of ``settings.TENANTS`` that name no setting.
+unknown_keys = _loader.unknown_keys
 
 
 #: Path segment between the MCP path and a tenant's slug in a tenant's own endpoint URL

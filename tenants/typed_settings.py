@@ -95,9 +95,12 @@ class Loader(Generic[T]):
     """A cached settings instance, built from ``settings.<name>`` (a dict) over the defaults."""
 
     def __init__(self, cls: type[T], setting_name: str) -> None:
+        from django.core.signals import setting_changed
+
         self.cls = cls
         self.setting_name = setting_name
         self._cached: T | None = None
+        setting_changed.connect(self._on_setting_changed, weak=False)
 
     def get(self) -> T:
         """The current settings (cached; rebuilt after :meth:`reset`)."""
@@ -110,14 +113,9 @@ class Loader(Generic[T]):
         """Forget the cached instance (connected to ``setting_changed``)."""
         self._cached = None
 
-    def reset_on(self, setting_name: str) -> typing.Callable[..., None]:
-        """A ``setting_changed`` receiver that resets the cache when ``setting_name`` changes."""
-
-        def receiver(*, setting: str, **_: Any) -> None:
-            if setting == setting_name:
-                self.reset()
-
-        return receiver
+    def _on_setting_changed(self, *, setting: str, **_: Any) -> None:
+        if setting == self.setting_name:
+            self.reset()
 
     def unknown_keys(self) -> list[str]:
         """Keys of the settings dict that name no setting (typos, removed settings)."""
