@@ -26,7 +26,7 @@ step "makemigrations --check"
 step "pytest (database: ${DATABASE_URL:-sqlite}, channel layer: ${REDIS_URL:-in-memory})"
 PYTEST_LOG="$(mktemp)"
 trap 'rm -f "$PYTEST_LOG"' EXIT
-.venv/bin/python -m pytest -q -p no:randomly "$@" 2>&1 | tee "$PYTEST_LOG"
+.venv/bin/python -m pytest -q -p no:randomly --durations=15 "$@" 2>&1 | tee "$PYTEST_LOG"
 step "MCP conformance suite"
 bash .ci/conformance.sh
 

@@ -256,8 +256,14 @@ def stream_for_task(*, task: Task) -> str:
     return bus.get_stream_id(task.session_id)
 
 
-def publish_for_task(*, task: Task, message: dict[str, Any]) -> str:
-    """Send a notification about ``task`` on exactly one stream of the requestor's session."""
+def publish_for_task(*, task: Task, message: dict[str, Any]) -> str | None:
+    """Send a notification about ``task`` on exactly one stream of the requestor's session.
+
+    A task created without a client session (bulk-enqueued: ``session_id`` empty) has nobody
+    to notify; its status and result are read with ``tasks/get`` and ``tasks/result``.
+    """
+    if not task.session_id:
+        return None
     stream = task.stream_id if task.kind == Task.Kind.REQUEST and task.stream_id else stream_for_task(task=task)
     return bus.publish(session_id=task.session_id, stream_id=stream, message=message)
 

@@ -22,7 +22,7 @@ from tenants.models import Principal, Tenant
 from tenants.services import anonymous_principal, default_tenant
 
 
-def enqueue(*, tool_name: str, arguments: list[dict[str, Any]], session_id: str = "bulk",
+def enqueue(*, tool_name: str, arguments: list[dict[str, Any]], session_id: str = "",
             batch_size: int = 1000, ttl_ms: int = 3_600_000,
             committed: Callable[[], None] | None = None) -> list[str]:
     """Create one task per entry of ``arguments``; returns their task ids in order.

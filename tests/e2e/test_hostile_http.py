@@ -77,15 +77,19 @@ class Target:
         return h
 
     def send(self, method: str, body: bytes, headers: dict[str, str]) -> tuple[int, str, bytes]:
-        """Send one request; read a JSON answer whole, an SSE answer only up to its first event."""
+        """Send one request; read a JSON answer whole, an SSE answer only up to its first message.
+
+        A GET that is accepted opens the session's standalone stream, which stays open (priming
+        event, then keep-alives): it is read only up to its priming event.
+        """
         with self.http.stream(method, self.url, content=body, headers=headers) as resp:
             content_type = resp.headers.get("content-type", "")
+            sse = content_type.startswith("text/event-stream")
             data = b""
             for chunk in resp.iter_bytes():
                 data += chunk
-                if content_type.startswith("text/event-stream") and b"\n\n" in data.lstrip(b"\n"):
-                    if data.count(b"data: {") >= 1:
-                        break
+                if sse and (b"data: {" in data or (method != "POST" and b"\n\n" in data)):
+                    break
                 if len(data) > 1_000_000:
                     break
             return resp.status_code, content_type, data
