@@ -169,8 +169,13 @@ def main() -> None:
             for connections in (32, 1):
                 results.append((label, connections, _wrk(url, connections=connections, seconds=seconds,
                                                          env=wrk_env, script=script)))
+                print(f"measured {label} at {connections} connections: {results[-1][2]}", flush=True)
             proc.terminate()
-            proc.wait(timeout=15)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()  # uvicorn waits for idle keep-alive connections
+                proc.wait(timeout=5)
     finally:
         for proc in procs:
             if proc.poll() is None:
