@@ -114,8 +114,11 @@ elif _db["ENGINE"].startswith("django.db.backends.postgresql"):
 
 REDIS_URL = env.str("REDIS_URL", default="")
 CHANNEL_PREFIX = env.str("MCPTASKS_CHANNEL_PREFIX", default="mcptasks")
-# The channel layer's connection settings, typed and defaulted by mcptasks.conf.AppSettings.
-_LAYER = AppSettings(**read_env(AppSettings))
+# App settings: every MCPTASKS_<NAME> that is set, read once; the typed views below (defaults
+# from the definitions) configure the channel layer and the built-in AS.
+MCPTASKS = read_env(AppSettings)
+TENANTS = read_env(TenantSettings)
+_LAYER = AppSettings(**MCPTASKS)
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
@@ -179,11 +182,7 @@ LOGGING = {
     },
 }
 
-# --- app settings: every MCPTASKS_<NAME> variable that is set, typed (defaults and meanings
-# live in mcptasks/conf.py and tenants/conf.py, the one definition of each) ---
-MCPTASKS = read_env(AppSettings)
-
-_PUBLIC_URL = TenantSettings(**read_env(TenantSettings)).PUBLIC_URL
+_PUBLIC_URL = TenantSettings(**TENANTS).PUBLIC_URL
 OAUTH2_PROVIDER = {
     # Scopes bounded by operator grants per application and membership (tenants/oauth.py).
     "OAUTH2_VALIDATOR_CLASS": "tenants.oauth.TenantOAuth2Validator",
@@ -213,6 +212,5 @@ OAUTH2_PROVIDER = {
 LOGIN_URL = "/accounts/login/"
 
 # --- tenants app (Tenants and OAuth; typed defaults in tenants/conf.py) ---
-TENANTS = read_env(TenantSettings)
 # Named explicitly so migrations that point at DOT's (swappable) application model resolve.
 OAUTH2_PROVIDER_APPLICATION_MODEL = "oauth2_provider.Application"
