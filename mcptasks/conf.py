@@ -91,3 +91,69 @@ get = _loader.get
 reset = _loader.reset
 #: Keys of ``settings.MCPTASKS`` that name no setting.
 unknown_keys = _loader.unknown_keys
+
+
+@dataclass(frozen=True)
+class DeploymentSettings:
+    """The process and deployment variables ``settings.py`` turns into Django settings.
+
+    Read once at startup by :func:`tenants.typed_settings.read_env` like the app settings; some
+    keep the names the ecosystem uses (``DATABASE_URL``, ``SECRET_KEY``...).
+    """
+
+    ENV_FILE: str = setting(
+        "", "A file of `NAME=value` lines read into the environment at startup (never implicitly).", shown="unset"
+    )
+    DATABASE_URL: str = setting(
+        "",
+        "Any django-environ URL. SQLite runs in WAL mode with IMMEDIATE transactions. "
+        "Use `postgres://…` (psycopg 3) in production.",
+        env="DATABASE_URL",
+        shown="`sqlite:///<VAR_DIR>/mcptasks.sqlite3`",
+    )
+    CONN_MAX_AGE: int = setting(
+        600,
+        "PostgreSQL: seconds a connection is kept for reuse (health-checked before each reuse). "
+        "`0` opens one per request (much slower).",
+    )
+    REDIS_URL: str = setting(
+        "",
+        "Set it to use Redis for the channel layer (channels-redis) and the shared rate-limit counters. "
+        "Unset: in-memory layer and in-process counters (one process only). "
+        "See [operations](operations.md#redis-timeouts-pools-and-outages).",
+        env="REDIS_URL",
+        shown="unset",
+    )
+    SECRET_KEY: str = setting(
+        "dev-insecure-mcptasks-key-change-me-0123456789abcdef",
+        "Signs cursors and sessions. Web processes and workers refuse to start with the development key "
+        "unless `DEBUG` is on (`manage.py serve` and tests excepted).",
+        env="SECRET_KEY",
+        shown="dev key",
+    )
+    SECRETS_KEY: str = setting(
+        "",
+        "Fernet key(s), comma-separated (first encrypts, all decrypt), for secrets stored in the database "
+        "(external issuers' shared secrets). Set it so that rotating `SECRET_KEY` does not make them unreadable.",
+        shown="derived from `SECRET_KEY`",
+    )
+    DEBUG: bool = setting(False, "Django debug.", env="DEBUG")
+    ALLOWED_HOSTS: tuple[str, ...] = setting(
+        ("127.0.0.1", "localhost", "[::1]", "testserver"),
+        "`Host` header allow-list (comma-separated). Requests to `/mcp` with another Host get 400 "
+        "(DNS-rebinding protection).",
+        env="ALLOWED_HOSTS",
+        shown="`127.0.0.1,localhost,[::1],testserver`",
+    )
+    ACCESS_TOKEN_EXPIRE_S: int = setting(3600, "Lifetime of tokens from the built-in authorization server.")
+    DEMO_TOOLS: bool = setting(True, "Install the demo tools, resources and prompts.")
+    CONFORMANCE_FIXTURES: bool = setting(False, "Install the conformance-suite fixtures.")
+    EXTRA_APPS: tuple[str, ...] = setting((), "More Django apps (comma-separated) whose `tools.py` to load.")
+    CHANNEL_PREFIX: str = setting(
+        "mcptasks", "Prefix of channel-layer and Redis keys (separates deployments sharing a Redis)."
+    )
+    VAR_DIR: str = setting("", "Where the embedded SQLite database lives.", shown="`./var`")
+    TEST_SQLITE_FILE: str = setting(
+        "", "Tests on SQLite: the test database file (instead of an in-memory database).", shown="unset"
+    )
+    LOG_LEVEL: str = setting("INFO", "Root log level. Tokens are never logged.", env="LOG_LEVEL")

@@ -14,24 +14,27 @@ from urllib.parse import urlsplit
 
 import environ
 
-from mcptasks.conf import AppSettings
+from mcptasks.conf import AppSettings, DeploymentSettings
 from tenants.conf import TenantSettings
 from tenants.typed_settings import read_env
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-env = environ.Env()
 
-# A file named by MCPTASKS_ENV_FILE (never implicitly) may provide the variables.
-if env.str("MCPTASKS_ENV_FILE", default=""):
-    environ.Env.read_env(env.str("MCPTASKS_ENV_FILE"))
+# Every variable is defined once (type, default, meaning) in mcptasks/conf.py and
+# tenants/conf.py; docs/settings.md is generated from those definitions. A file named by
+# MCPTASKS_ENV_FILE (never implicitly) may provide the variables: read it before the rest.
+_deploy = DeploymentSettings(**read_env(DeploymentSettings))
+if _deploy.ENV_FILE:
+    environ.Env.read_env(_deploy.ENV_FILE)
+    _deploy = DeploymentSettings(**read_env(DeploymentSettings))
 
-DEBUG = env.bool("DEBUG", default=False)
+DEBUG = _deploy.DEBUG
 # The development key only ever signs local cookies/cursors; production must set SECRET_KEY
 # (system check mcptasks.W001 warns otherwise).
+SECRET_KEY = _deploy.SECRET_KEY
 # Encrypts secrets at rest (external issuers' shared secrets); see tenants/crypto.py.
-SECRETS_KEY = env.str("MCPTASKS_SECRETS_KEY", default="")
-SECRET_KEY = env.str("SECRET_KEY", default="dev-insecure-mcptasks-key-change-me-0123456789abcdef")
-ALLOWED_HOSTS: list[str] = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
+SECRETS_KEY = _deploy.SECRETS_KEY
+ALLOWED_HOSTS: list[str] = list(_deploy.ALLOWED_HOSTS)
 
 INSTALLED_APPS = [
     "daphne",
@@ -47,12 +50,12 @@ INSTALLED_APPS = [
     "tenants",
     "mcptasks",
 ]
-if env.bool("MCPTASKS_DEMO_TOOLS", default=True):
+if _deploy.DEMO_TOOLS:
     INSTALLED_APPS.append("mcptasks.demo")
-if env.bool("MCPTASKS_CONFORMANCE_FIXTURES", default=False):
+if _deploy.CONFORMANCE_FIXTURES:
     INSTALLED_APPS.append("mcptasks.conformance")
 # Extra apps whose tools.py should be loaded (e.g. a deployment's own tool package).
-INSTALLED_APPS += env.list("MCPTASKS_EXTRA_APPS", default=[])
+INSTALLED_APPS += list(_deploy.EXTRA_APPS)
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -82,12 +85,10 @@ TEMPLATES = [
     },
 ]
 
-VAR_DIR = Path(env.str("MCPTASKS_VAR_DIR", default=str(BASE_DIR / "var")))
+VAR_DIR = Path(_deploy.VAR_DIR or BASE_DIR / "var")
 # An empty DATABASE_URL (``DATABASE_URL= cmd``) means "unset", the embedded default.
 DATABASES: dict[str, Any] = {
-    "default": env.db_url_config(
-        env.str("DATABASE_URL", default="") or f"sqlite:///{VAR_DIR / 'mcptasks.sqlite3'}"
-    ),
+    "default": environ.Env.db_url_config(_deploy.DATABASE_URL or f"sqlite:///{VAR_DIR / 'mcptasks.sqlite3'}"),
 }
 _db = DATABASES["default"]
 if _db["ENGINE"] == "django.db.backends.sqlite3":
@@ -104,16 +105,16 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
         }
     )
     _db.setdefault("TEST", {})
-    if env.str("MCPTASKS_TEST_SQLITE_FILE", default=""):
-        _db["TEST"]["NAME"] = env.str("MCPTASKS_TEST_SQLITE_FILE")
+    if _deploy.TEST_SQLITE_FILE:
+        _db["TEST"]["NAME"] = _deploy.TEST_SQLITE_FILE
 elif _db["ENGINE"].startswith("django.db.backends.postgresql"):
     # Persistent connections (health-checked before reuse): a new PostgreSQL connection per
     # request was the largest single cost of the request path.
-    _db.setdefault("CONN_MAX_AGE", env.int("MCPTASKS_CONN_MAX_AGE", default=600))
+    _db.setdefault("CONN_MAX_AGE", _deploy.CONN_MAX_AGE)
     _db.setdefault("CONN_HEALTH_CHECKS", True)
 
-REDIS_URL = env.str("REDIS_URL", default="")
-CHANNEL_PREFIX = env.str("MCPTASKS_CHANNEL_PREFIX", default="mcptasks")
+REDIS_URL = _deploy.REDIS_URL
+CHANNEL_PREFIX = _deploy.CHANNEL_PREFIX
 # App settings: every MCPTASKS_<NAME> that is set, read once; the typed views below (defaults
 # from the definitions) configure the channel layer and the built-in AS.
 MCPTASKS = read_env(AppSettings)
@@ -173,7 +174,7 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "filters": {"client_errors_without_traceback": {"()": "mcptasks.hardening.ClientErrorsWithoutTraceback"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    "root": {"handlers": ["console"], "level": _deploy.LOG_LEVEL},
     "loggers": {
         "daphne": {"level": "WARNING"},
         "django.channels.server": {"level": "WARNING"},
@@ -193,7 +194,7 @@ OAUTH2_PROVIDER = {
     },
     "DEFAULT_SCOPES": ["mcp:tools", "mcp:tasks"],
     "PKCE_REQUIRED": True,
-    "ACCESS_TOKEN_EXPIRE_SECONDS": env.int("MCPTASKS_ACCESS_TOKEN_EXPIRE_S", default=3600),
+    "ACCESS_TOKEN_EXPIRE_SECONDS": _deploy.ACCESS_TOKEN_EXPIRE_S,
     # RFC 9700: keep only the SHA-256 checksum of access/refresh tokens at rest (the token
     # column stays blank), S256-only PKCE, no implicit/password grants, bearer in header only.
     "COMPLIANT_BCP_RFC9700_TOKEN_STORAGE": True,
