@@ -131,8 +131,16 @@ def main() -> None:
     stack.env["DEBUG"] = "0"  # DEBUG records every query: not what production runs
     procs: list[subprocess.Popen[bytes]] = []
     results: list[tuple[str, int, dict[str, float]]] = []
+    others: list[tuple[str, str, dict[str, float]]] = []
     try:
         token = stack.token("bench", "bencher")
+        # Limits far above the load: every request takes the full rate-limit path (counters in
+        # Redis, the pollInterval note for tasks/get) without being refused.
+        import psycopg
+
+        with psycopg.connect(stack.env["DATABASE_URL"], autocommit=True) as db:
+            db.execute("UPDATE tenants_tenant SET rate_read_per_min = 100000000, rate_create_per_min = 100000000, "
+                       "rate_other_per_min = 100000000 WHERE slug = 'bench'")
         worker: Proc = stack.worker(concurrency=8)
         del worker
         servers: list[tuple[str, list[str], dict[str, str], str, str | None]] = []
@@ -170,6 +178,15 @@ def main() -> None:
                 results.append((label, connections, _wrk(url, connections=connections, seconds=seconds,
                                                          env=wrk_env, script=script)))
                 print(f"measured {label} at {connections} connections: {results[-1][2]}", flush=True)
+            if auth != "bare" and label != "mcptasks (uvicorn)":
+                time.sleep(1)  # the benchmark's task (1 ms) is terminal by now
+                for method, body, with_session in _other_methods(task_id):
+                    env = {**wrk_env, "BENCH_BODY": json.dumps(body)}
+                    if not with_session:
+                        env["BENCH_SID"] = ""
+                    others.append((label, method, _wrk(url, connections=50, seconds=seconds, env=env,
+                                                       script=script)))
+                    print(f"measured {label} {method} at 50 connections: {others[-1][2]}", flush=True)
             proc.terminate()
             try:
                 proc.wait(timeout=5)
@@ -188,6 +205,26 @@ def main() -> None:
     for label, c, r in results:
         print(f"| {label} | {c} | {r['rps']:.0f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['non2xx']:.0f} | "
               f"{r['rps'] / peer[c]:.2f}x | {r['rps'] / bare[c]:.2f}x |")
+    print()
+    print("| server | request (50 connections) | req/s | p50 ms | p99 ms | non-2xx |")
+    print("|---|---|---|---|---|---|")
+    for label, method, r in others:
+        print(f"| {label} | {method} | {r['rps']:.0f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['non2xx']:.0f} |")
+
+
+def _other_methods(task_id: str) -> list[tuple[str, dict[str, object], bool]]:
+    """(label, JSON-RPC body, sent in the session) of the other measured requests."""
+    return [
+        ("tools/call with task (CreateTaskResult)",
+         {"jsonrpc": "2.0", "id": 8, "method": "tools/call",
+          "params": {"name": "demo_sleep", "arguments": {"ms": 1}, "task": {"ttl": 60_000}}}, True),
+        ("tasks/result of a completed task", {"jsonrpc": "2.0", "id": 9, "method": "tasks/result",
+                                              "params": {"taskId": task_id}}, True),
+        ("tasks/list (first page)", {"jsonrpc": "2.0", "id": 10, "method": "tasks/list", "params": {}}, True),
+        ("initialize", {"jsonrpc": "2.0", "id": 11, "method": "initialize",
+                        "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                                   "clientInfo": {"name": "bench", "version": "1"}}}, False),
+    ]
 
 
 if __name__ == "__main__":

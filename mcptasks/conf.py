@@ -36,6 +36,11 @@ class AppSettings:
     SSE_RETENTION_S: int = setting(600, "How long SSE events are kept for replay.")
     TOOLS_PAGE_SIZE: int = setting(50, "`tools/list` page size.")
     TASK_LIST_PAGE_SIZE: int = setting(50, "`tasks/list` page size.")
+    ASYNC_READS: bool = setting(
+        True,
+        "PostgreSQL: read the request's session and task over an async connection per event loop instead of "
+        "through the ORM's thread hop (`mcptasks/fastreads.py`). Off: every read uses the ORM.",
+    )
     TASK_RESULT_RECHECK_S: float = setting(
         5.0, "A blocked `tasks/result` wakes on a channel-layer signal. This is the backstop re-check interval."
     )

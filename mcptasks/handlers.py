@@ -223,10 +223,10 @@ async def tools_call(ctx: RequestContext, params: CallToolParams) -> dict[str, A
 # --- tasks -----------------------------------------------------------------------------------
 
 
-async def _lookup(ctx: RequestContext, task_id: str, method: str) -> Task:
+async def _lookup(ctx: RequestContext, task_id: str, method: str, *, status_only: bool = False) -> Task:
     """The caller's task; failed lookups are audited (the spec asks receivers to watch for them)."""
     try:
-        return await sync_to_async(selectors.get_task)(auth=ctx.auth, task_id=task_id)
+        return await selectors.aget_task(auth=ctx.auth, task_id=task_id, status_only=status_only)
     except McpError as exc:
         await sync_to_async(services.record_audit)(
             auth=ctx.auth, action="task.lookup_failed",
@@ -238,7 +238,7 @@ async def _lookup(ctx: RequestContext, task_id: str, method: str) -> Task:
 @dispatcher.register("tasks/get", TaskIdParams, scope=TASKS, rate="read")
 async def tasks_get(ctx: RequestContext, params: TaskIdParams) -> dict[str, Any]:
     """The task's current state."""
-    task = await _lookup(ctx, params.taskId, "tasks/get")
+    task = await _lookup(ctx, params.taskId, "tasks/get", status_only=True)
     return task.wire()
 
 

@@ -456,10 +456,20 @@ def cleanup_expired(*, batch_size: int | None = None, max_batches: int = 1000) -
     return counts
 
 
-def touch_session(*, session: McpSession, min_interval_s: float = 60.0) -> None:
+#: Session activity is recorded at most this often (idle cleanup works in hours).
+TOUCH_INTERVAL_S = 60.0
+
+
+def session_needs_touch(*, session: McpSession) -> bool:
+    """Whether :func:`touch_session` would write (no I/O: callers skip the hop otherwise)."""
+    last = session.last_seen_at
+    return last is None or (timezone.now() - last).total_seconds() >= TOUCH_INTERVAL_S
+
+
+def touch_session(*, session: McpSession) -> None:
     """Record activity on a session (at most once a minute) so idle cleanup spares it."""
-    now = timezone.now()
-    if session.last_seen_at is None or (now - session.last_seen_at).total_seconds() >= min_interval_s:
+    if session_needs_touch(session=session):
+        now = timezone.now()
         McpSession.objects.filter(pk=session.pk).update(last_seen_at=now)
         session.last_seen_at = now
 

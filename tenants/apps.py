@@ -9,4 +9,6 @@ class TenantsConfig(AppConfig):
     verbose_name = "Tenants"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401  (registers system checks)
+        from . import auth_cache, checks  # noqa: F401  (checks registers system checks)
+
+        auth_cache.connect_invalidation()

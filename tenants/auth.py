@@ -12,6 +12,7 @@ import re
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from . import auth_cache
 from . import conf as tenant_conf
 from .conf import (
     DEFAULT_CHALLENGE_SCOPES,
@@ -26,7 +27,7 @@ from .context import AuthContext
 from .exceptions import AuthError
 from .jwt_issuers import JwtRejected, verify_external_jwt
 
-__all__ = ["AuthContext", "AuthError", "authenticate", "insufficient_scope", "prm_url"]
+__all__ = ["AuthContext", "AuthError", "authenticate", "cached_context", "insufficient_scope", "prm_url", "remember"]
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +95,26 @@ def insufficient_scope(*, scope: str, resource_url: str) -> AuthError:
 
 
 # --- entry point --------------------------------------------------------------------------
+
+
+def cached_context(
+    *, headers: dict[str, str], query_string: str, resource_url: str
+) -> tuple[bytes | None, AuthContext | None]:
+    """The cache key of this request's credential and its cached context, if any (no I/O).
+
+    A request with a query string is never answered from the cache (it may carry a token that
+    must be refused); pass the key to :func:`remember` after a successful :func:`authenticate`.
+    """
+    if query_string:
+        return None, None
+    key = auth_cache.cache.key(authorization=headers.get("authorization", ""), resource_url=resource_url)
+    return key, auth_cache.cache.get(key)
+
+
+def remember(key: bytes | None, ctx: AuthContext) -> None:
+    """Keep a verified context for the next requests with the same credential (see auth_cache)."""
+    if key is not None:
+        auth_cache.cache.put(key, ctx)
 
 
 def authenticate(*, headers: dict[str, str], query_string: str, resource_url: str) -> AuthContext:
@@ -231,4 +252,5 @@ def _builtin_token_context(*, token: str, resource_url: str) -> AuthContext:
         scopes=frozenset(access.scope.split()) & granted,
         anonymous=False,
         credential_ref=ref,
+        expires_at=access.expires.timestamp() if access.expires else None,
     )

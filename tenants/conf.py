@@ -54,9 +54,18 @@ class TenantSettings:
     )
     JWKS_ALLOW_HTTP: bool = setting(False, "Allow plain-http JWKS URLs on non-loopback hosts.")
     LIMITS_CACHE_S: float = setting(
-        2.0,
+        1.0,
         "Each process re-reads a tenant's limits at least this often (admin edits apply without restart).",
         env="MCPTASKS_TENANT_LIMITS_CACHE_S",
+    )
+    AUTH_CACHE_S: float = setting(
+        1.0,
+        "A verified bearer token's auth context is reused for this long in each process (never past the "
+        "token's expiry; edits in the same process clear it at once). Revocation, disabled tenants and "
+        "narrowed grants reach every process within this time. `0` authenticates every request.",
+    )
+    AUTH_CACHE_MAX_ENTRIES: int = setting(
+        10_000, "Verified tokens remembered per process (least recently used dropped)."
     )
     LOGIN_MAX_FAILURES_PER_IP: int = setting(
         50, "Failed sign-ins allowed per client address within `MCPTASKS_LOGIN_WINDOW_S`; then 429."

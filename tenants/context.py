@@ -17,6 +17,9 @@ class AuthContext:
     anonymous: bool = False
     # Identifies the credential (token row id or JWT jti) for audit logs; never the token itself.
     credential_ref: str = ""
+    # When the credential stops being valid (epoch seconds; None: no expiry of its own). Bounds
+    # how long a verified token may be reused from the per-process cache.
+    expires_at: float | None = field(default=None, compare=False)
 
     def has_scope(self, scope: str) -> bool:
         """Whether the token carries ``scope`` (anonymous callers have every MCP scope)."""

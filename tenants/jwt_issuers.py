@@ -376,4 +376,5 @@ def verify_external_jwt(*, token: str, resource_url: str) -> AuthContext:
         scopes=_scopes(issuer, claims),
         anonymous=False,
         credential_ref=ref[:200],
+        expires_at=float(claims["exp"]) if isinstance(claims.get("exp"), int | float) else None,
     )

@@ -14,11 +14,13 @@ success closes the breaker.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
+import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from django.conf import settings
@@ -205,6 +207,55 @@ def call(op: Callable[[Any], T], *, fallback: Callable[[LocalStore], T]) -> T:
     return value
 
 
+_aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def aclient() -> Any:
+    """This event loop's ``redis.asyncio.Redis`` client (None without ``REDIS_URL``).
+
+    Async connections belong to the loop that opened them, so each loop (one per server
+    process; one per test) has its own client, with the same bounded pool and timeouts.
+    """
+    url = redis_url()
+    if not url:
+        return None
+    loop = asyncio.get_running_loop()
+    hit = _aclients.get(loop)
+    if hit is not None and hit[0] == url:
+        return hit[1]
+    import redis.asyncio as aredis
+
+    s = conf.get()
+    pool = aredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=s.REDIS_POOL_SIZE,
+        timeout=s.REDIS_OP_TIMEOUT_S,
+        socket_timeout=s.REDIS_OP_TIMEOUT_S,
+        socket_connect_timeout=s.REDIS_OP_TIMEOUT_S,
+        health_check_interval=30,
+    )
+    c = aredis.Redis(connection_pool=pool)
+    _aclients[loop] = (url, c)
+    return c
+
+
+async def acall(op: Callable[[Any], Awaitable[T]], *, fallback: Callable[[LocalStore], T]) -> T:
+    """:func:`call` from async code: ``await op(async_client)`` under the same breaker and fallback."""
+    c = aclient()
+    if c is None or not breaker.allow():
+        return fallback(local)
+    import redis
+
+    try:
+        # The socket timeouts bound each read; this bounds the whole operation (pool wait included).
+        value = await asyncio.wait_for(op(c), timeout=conf.get().REDIS_OP_TIMEOUT_S * 2)
+    except (redis.RedisError, OSError, TimeoutError) as exc:
+        breaker.failed(exc, open_s=conf.get().REDIS_BREAKER_S)
+        return fallback(local)
+    breaker.succeeded()
+    return value
+
+
 def reset() -> None:
     """Drop the client and the local store (tests; after changing ``REDIS_URL``)."""
     global _client, _client_url
@@ -217,5 +268,6 @@ def reset() -> None:
                 logger.debug("closing the Redis client failed", exc_info=True)
         _client = None
         _client_url = ""
+        _aclients.clear()
     breaker.succeeded()
     local.clear()

@@ -67,6 +67,13 @@ def tenant_row(*, tenant_id: int) -> TenantRow:
     return row
 
 
+def cached_tenant_row(*, tenant_id: int) -> TenantRow | None:
+    """The tenant's limits if this process read them less than ``LIMITS_CACHE_S`` ago (no I/O)."""
+    with _lock:
+        hit = _cache.get(tenant_id)
+    return hit[1] if hit is not None and hit[0] > time.monotonic() else None
+
+
 def clear_limits_cache() -> None:
     """Forget cached tenant limits (tests; after an edit that must apply at once)."""
     with _lock:
@@ -79,8 +86,12 @@ def effective_limits(*, tenant_id: int) -> TaskLimits:
     The default ttl is clamped to the max ttl, so a task created without ``ttl`` is always valid.
     Values are at most ``LIMITS_CACHE_S`` seconds old (admin edits apply without restart).
     """
+    return limits_of(tenant_row(tenant_id=tenant_id))
+
+
+def limits_of(row: TenantRow) -> TaskLimits:
+    """The task limits of a tenant row (no I/O; see :func:`effective_limits`)."""
     g = tenant_conf.get()
-    row = tenant_row(tenant_id=tenant_id)
     max_ttl = row.max_ttl_ms if row.max_ttl_ms is not None else g.TASK_MAX_TTL_MS
     default_ttl = row.default_ttl_ms if row.default_ttl_ms is not None else g.TASK_DEFAULT_TTL_MS
     return TaskLimits(

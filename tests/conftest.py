@@ -11,6 +11,25 @@ from tests.support.client import McpClient
 from tests.support.servers import Proc, Stack, make_stack
 
 
+@pytest.fixture(autouse=True)
+def _async_reads_see_only_committed_rows(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Tests inside one rolled-back transaction read through the ORM's connection only.
+
+    ``mcptasks.fastreads`` reads over a connection of its own, which (correctly) cannot see a
+    test's uncommitted rows; transactional tests and real processes use it as production does.
+    """
+    marker = request.node.get_closest_marker("django_db")
+    transactional = "transactional_db" in request.fixturenames or (
+        marker is not None and bool(marker.kwargs.get("transaction") or (marker.args and marker.args[0]))
+    )
+    if transactional or (marker is None and "db" not in request.fixturenames):
+        yield
+        return
+    settings = request.getfixturevalue("settings")
+    settings.MCPTASKS = {**settings.MCPTASKS, "ASYNC_READS": False}
+    yield
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A database (and channel prefix) of its own for this test session's server processes."""

@@ -29,10 +29,10 @@ from pydantic import ValidationError
 
 from tenants import conf as tenant_conf
 from tenants import jwt_issuers, ratelimit
-from tenants.auth import AuthContext, AuthError, authenticate, insufficient_scope
+from tenants.auth import AuthContext, AuthError, authenticate, cached_context, insufficient_scope, remember
 from tenants.conf import tenant_resource
 from tenants.exceptions import RateLimited
-from tenants.selectors import effective_limits
+from tenants.selectors import cached_tenant_row, effective_limits, limits_of
 
 from .. import bus, conf, layers, selectors, services
 from ..handlers import RequestContext, StreamReply, dispatcher, operation_class, required_scope
@@ -430,14 +430,19 @@ class McpConsumer(AsyncHttpConsumer):
 
     async def _authenticate(self) -> AuthContext:
         qs = self.scope.get("query_string", b"").decode("latin-1")
+        headers, resource_url = self._headers(), self._resource_url()
+        # A token verified in the last AUTH_CACHE_S costs no database hop (tenants.auth_cache).
+        key, ctx = cached_context(headers=headers, query_string=qs, resource_url=resource_url)
+        if ctx is not None:
+            return ctx
         scheme, _, token = self._header("authorization").strip().partition(" ")
         if scheme.lower() == "bearer" and token:
             # External JWTs: fetch signing keys here, off the shared database thread, so a
             # slow identity provider delays only its own tokens.
             await jwt_issuers.aprefetch(token.strip())
-        return await database_sync_to_async(authenticate)(
-            headers=self._headers(), query_string=qs, resource_url=self._resource_url()
-        )
+        ctx = await database_sync_to_async(authenticate)(headers=headers, query_string=qs, resource_url=resource_url)
+        remember(key, ctx)
+        return ctx
 
     async def _load_session(self, *, required: bool = True) -> McpSession | None:
         sid = self._header("mcp-session-id")
@@ -446,17 +451,11 @@ class McpConsumer(AsyncHttpConsumer):
                 raise HttpError(400, "Bad Request: Mcp-Session-Id header is required")
             return None
         assert self.auth is not None
-        session = await database_sync_to_async(self._session_and_touch)(sid, self.auth)
+        session = await selectors.aget_session(session_id=sid, auth=self.auth)
         if session is None:
             raise HttpError(404, "Session not found")
-        return session
-
-    @staticmethod
-    def _session_and_touch(session_id: str, auth: AuthContext) -> McpSession | None:
-        # One thread hop for both: every hop queues on the one thread-sensitive executor.
-        session = selectors.get_session(session_id=session_id, auth=auth)
-        if session is not None:
-            services.touch_session(session=session)
+        if services.session_needs_touch(session=session):
+            await database_sync_to_async(services.touch_session)(session=session)
         return session
 
     # --- POST --------------------------------------------------------------------------------
@@ -540,9 +539,16 @@ class McpConsumer(AsyncHttpConsumer):
             task_id = msg.params.get("taskId") if isinstance(msg.params, dict) else None
             is_poll = msg.method == "tasks/get" and isinstance(task_id, str) and _TASK_ID.fullmatch(task_id)
             polled = task_id if is_poll else None
-            await database_sync_to_async(self._count_request)(
-                self.auth, operation_class(msg.method, msg.params), polled
-            )
+            op_class = operation_class(msg.method, msg.params)
+            row = cached_tenant_row(tenant_id=self.auth.tenant_id)
+            if row is None:
+                # The tenant's limits are re-read from the database once per LIMITS_CACHE_S.
+                await database_sync_to_async(self._count_request)(self.auth, op_class, polled)
+            else:
+                await ratelimit.acount_request(
+                    auth=self.auth, op_class=op_class, polled_task_id=polled,  # type: ignore[arg-type]
+                    poll_interval_ms=limits_of(row).poll_interval_ms, row=row,
+                )
         except RateLimited as exc:
             await self._refuse(rid, exc)
             return

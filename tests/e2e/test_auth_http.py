@@ -419,3 +419,50 @@ def _hs256_with(secret: bytes, claims: dict[str, Any]) -> str:
     )
     signature = hmac.new(secret, signing_input.encode(), hashlib.sha256).digest()
     return signing_input + "." + b64(signature)
+
+
+# --- verified tokens are cached per process; edits elsewhere apply within AUTH_CACHE_S -------
+
+
+def _status_within(client: McpClient, want: int, *, seconds: float) -> float:
+    """Poll tools/list until it answers ``want``; returns how long that took (fails past ``seconds``)."""
+    start = time.monotonic()
+    while True:
+        status = client.request("tools/list", {}).status
+        if status == want:
+            return time.monotonic() - start
+        assert status == 200, status
+        assert time.monotonic() - start < seconds, f"still {status} after {seconds} s"
+        time.sleep(0.05)
+
+
+def test_revocation_and_tenant_edits_in_another_process_apply_within_a_second(
+    stack: Stack, auth_server: Proc
+) -> None:
+    # The defaults under test: AUTH_CACHE_S = LIMITS_CACHE_S = 1 s. Each edit is made by another
+    # process (a management shell) after the daphne has cached the token and the limits.
+    slack = 0.5  # polling interval, the shell's exit and a loaded CI machine
+    token = stack.token("cachetenant", "robot")
+    with McpClient(auth_server.url, token=token) as c:
+        c.initialize()
+        for _ in range(3):
+            assert c.request("tools/list", {}).status == 200
+        stack.manage("shell", "-c", (
+            "import hashlib; from oauth2_provider.models import get_access_token_model as m; "
+            f"m().objects.filter(token_checksum=hashlib.sha256({token!r}.encode()).hexdigest()).delete()"
+        ))
+        assert _status_within(c, 401, seconds=1.0 + slack) <= 1.0 + slack
+
+    token = stack.token("cachetenant", "robot2")
+    with McpClient(auth_server.url, token=token) as c:
+        c.initialize()
+        assert c.request("tools/list", {}).status == 200
+        stack.manage("shell", "-c", (
+            "from tenants.models import Tenant; Tenant.objects.filter(slug='cachetenant').update(rate_other_per_min=1)"
+        ))
+        assert _status_within(c, 429, seconds=1.0 + slack) <= 1.0 + slack
+        stack.manage("shell", "-c", (
+            "from tenants.models import Tenant; "
+            "Tenant.objects.filter(slug='cachetenant').update(rate_other_per_min=None, active=False)"
+        ))
+        assert _status_within(c, 401, seconds=1.0 + slack) <= 1.0 + slack

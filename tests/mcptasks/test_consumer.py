@@ -243,7 +243,7 @@ async def test_database_outage_is_a_503_with_retry_after(monkeypatch: pytest.Mon
     """Issue 11 item 5: while the database is away the answer is 503 + Retry-After, never 500."""
     from django.db import OperationalError
 
-    from mcptasks import selectors
+    from mcptasks import fastreads, selectors
 
     headers = await initialize()
 
@@ -251,6 +251,10 @@ async def test_database_outage_is_a_503_with_retry_after(monkeypatch: pytest.Mon
         raise OperationalError("server closed the connection unexpectedly")
 
     monkeypatch.setattr(selectors, "get_task", unavailable)
+    # The hop-free reads (PostgreSQL) fail too, then fall back to the (failing) ORM.
+    real = fastreads._conninfo
+    monkeypatch.setattr(fastreads, "_conninfo", lambda: {**real(), "host": "127.0.0.1", "port": 1})
+    await fastreads.close()
     response = await post({"jsonrpc": "2.0", "id": 5, "method": "tasks/get", "params": {"taskId": "abc"}}, headers)
     assert response["status"] == 503
     assert headers_of(response)["retry-after"] == "5"

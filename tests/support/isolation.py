@@ -10,6 +10,7 @@ from typing import Any
 from django.core.cache import cache
 
 from tenants import kv
+from tenants.auth_cache import cache as auth_cache
 from tenants.selectors import clear_limits_cache
 
 
@@ -20,11 +21,13 @@ def fresh_process_state(settings: Any, *, prefix: str = "t") -> Iterator[None]:
     # Shared counters (Redis in CI) get a prefix of their own per test: no leftovers.
     settings.CHANNEL_PREFIX = prefix + secrets.token_hex(6)
     cache.clear()
+    auth_cache.clear()
     kv.reset()
     clear_limits_cache()
     try:
         yield
     finally:
         cache.clear()
+        auth_cache.clear()
         kv.reset()
         clear_limits_cache()

@@ -129,3 +129,73 @@ def test_retry_after_math() -> None:
     assert _retry_after(previous=0, current=3, limit=3, elapsed=10) == pytest.approx(50 + 20)
     # Only the previous window weighs: wait until its weight drops enough.
     assert _retry_after(previous=10, current=0, limit=5, elapsed=0) == pytest.approx(36)
+
+
+# --- the async path the MCP consumer takes (one Redis round trip per request) ---------------
+
+
+def _acount(auth: AuthContext, op_class: str, polled: str | None = None, interval_ms: int = 1000) -> None:
+    from asgiref.sync import async_to_sync
+
+    from tenants.ratelimit import acount_request
+    from tenants.selectors import tenant_row
+
+    row = tenant_row(tenant_id=auth.tenant_id)
+    async_to_sync(acount_request)(auth=auth, op_class=op_class, polled_task_id=polled,  # type: ignore[arg-type]
+                                  poll_interval_ms=interval_ms, row=row)
+
+
+@pytest.mark.parametrize("redis", ["redis", "in-process"])
+def test_async_counting_matches_the_sync_rules(tenant: Tenant, auth: AuthContext, settings: Any, redis: str) -> None:
+    from tenants import kv
+
+    if redis == "redis":
+        from tests.support.requirements import require_redis
+
+        require_redis()
+    else:
+        settings.REDIS_URL = ""
+        kv.reset()
+    _set(tenant, rate_other_per_min=3)
+    with mock.patch("tenants.ratelimit.time.time", return_value=T0 + 1):
+        for _ in range(3):
+            _acount(auth, "other")
+        with pytest.raises(RateLimited) as refused:
+            _acount(auth, "other")
+        assert refused.value.limit == 3 and refused.value.retry_after_s >= 1
+        # Refused requests are not counted: the sync path sees exactly the three accepted ones.
+        with pytest.raises(RateLimited):
+            check_rate(auth=auth, op_class="other")
+    # Unlimited classes cost nothing.
+    with mock.patch("tenants.ratelimit.kv.acall") as counters:
+        _acount(auth, "create")
+    counters.assert_not_called()
+
+
+def test_async_polling_faster_than_poll_interval_costs_an_extra_read(tenant: Tenant, auth: AuthContext) -> None:
+    _set(tenant, rate_read_per_min=4)
+    with mock.patch("tenants.ratelimit.time.time", return_value=T0 + 1):
+        _acount(auth, "read", polled="task-1")  # 1 read
+        _acount(auth, "read", polled="task-1")  # too soon: 2 more (3)
+        _acount(auth, "read", polled="task-2")  # another task: 1 (4)
+        with pytest.raises(RateLimited):
+            _acount(auth, "read", polled="task-3")
+    with mock.patch("tenants.ratelimit.time.time", return_value=T0 + 1 + 61 + 60):
+        _acount(auth, "read", polled="task-1")  # a respectful poll later: one read
+        _acount(auth, "read", polled="task-1", interval_ms=0)
+
+
+def test_async_counting_is_one_round_trip(tenant: Tenant, auth: AuthContext) -> None:
+    from tenants import kv
+
+    _set(tenant, rate_read_per_min=100)
+    real = kv.acall
+    calls: list[int] = []
+
+    async def counted(op: Any, *, fallback: Any) -> Any:
+        calls.append(1)
+        return await real(op, fallback=fallback)
+
+    with mock.patch("tenants.ratelimit.kv.acall", counted):
+        _acount(auth, "read", polled="task-1")
+    assert calls == [1]

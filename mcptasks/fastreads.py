@@ -1,0 +1,132 @@
+"""Reads on the request path without a thread hop: async psycopg on PostgreSQL.
+
+Every ORM query from an async consumer goes through ``database_sync_to_async``: a hop to the
+one thread-sensitive executor, a connection health check, and the ORM's SQL compilation, which
+together cost more than the query. The two reads nearly every request makes (its session and,
+for ``tasks/get``/``tasks/result``, its task) are made here instead, on one async connection per
+event loop, with SQL built once per model from its fields and rows turned into ordinary model
+instances (``Model.from_db``). They read committed data straight from the database, so a client
+that wrote through any process reads its write.
+
+Only committed rows are visible here: code that reads inside an ORM transaction of its own must
+use the sync selectors (tests that wrap each test in a transaction turn ``ASYNC_READS`` off).
+On SQLite, or when ``ASYNC_READS`` is off, or while the async connection is failing, callers
+fall back to the ORM (:func:`available` says which). The selectors in :mod:`mcptasks.selectors`
+own the rules (scoping, expiry); this module only fetches rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from django.db import connections
+from django.db.models import Model
+
+from . import conf
+
+logger = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=Model)
+
+#: After a failure, the ORM serves reads for this long before the async path is tried again.
+RETRY_AFTER_S = 2.0
+
+_conns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
+_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+_failed_until = 0.0
+_sql_cache: dict[tuple[type[Model], tuple[str, ...], tuple[str, ...]], tuple[str, list[str]]] = {}
+
+
+def available() -> bool:
+    """Whether reads may take the async path now (PostgreSQL, enabled, not recently failing)."""
+    return (
+        conf.get().ASYNC_READS
+        and connections["default"].vendor == "postgresql"
+        and time.monotonic() >= _failed_until
+    )
+
+
+def _conninfo() -> dict[str, Any]:
+    db = connections["default"].settings_dict
+    params: dict[str, Any] = {"dbname": db["NAME"], "autocommit": True}
+    for key, name in (("USER", "user"), ("PASSWORD", "password"), ("HOST", "host"), ("PORT", "port")):
+        if db.get(key):
+            params[name] = db[key]
+    for key, value in (db.get("OPTIONS") or {}).items():
+        # libpq options (sslmode, sslrootcert, ...); Django's own keys are not for libpq.
+        if key not in {"pool", "isolation_level", "server_side_binding", "assume_role", "cursor_factory",
+                       "prepare_threshold", "context"}:
+            params[key] = value
+    params["options"] = (str(params.get("options", "")) + " -c TimeZone=UTC").strip()
+    return params
+
+
+async def _connection() -> Any:
+    import psycopg
+
+    loop = asyncio.get_running_loop()
+    conn = _conns.get(loop)
+    if conn is not None and not conn.closed and not conn.broken:
+        return conn
+    lock = _locks.setdefault(loop, asyncio.Lock())
+    async with lock:
+        conn = _conns.get(loop)
+        if conn is None or conn.closed or conn.broken:
+            conn = await psycopg.AsyncConnection.connect(**_conninfo(), connect_timeout=5)
+            _conns[loop] = conn
+    return conn
+
+
+def _select(model: type[M], where: Sequence[str], skip: Sequence[str]) -> tuple[str, list[str]]:
+    key = (model, tuple(where), tuple(skip))
+    cached = _sql_cache.get(key)
+    if cached is None:
+        fields = [f for f in model._meta.concrete_fields if f.name not in skip]
+        names = [f.attname for f in fields]
+        cols = ", ".join(f'"{f.column}"' for f in fields)
+        cond = " AND ".join(where)
+        # Identifiers come from the model's own metadata and the callers' fixed conditions; values
+        # are always bound parameters.
+        sql = f'SELECT {cols} FROM "{model._meta.db_table}" WHERE {cond} LIMIT 1'  # noqa: S608
+        cached = _sql_cache[key] = (sql, names)
+    return cached
+
+
+async def fetch_one(
+    model: type[M], *, where: Sequence[str], params: Sequence[Any], skip: Sequence[str] = ()
+) -> M | None:
+    """The first row of ``model`` matching ``where`` (SQL conditions with ``%s``), as an instance.
+
+    ``skip`` names fields not to load (they are deferred: touching one would query, so callers
+    skip only what they never read). Raises :class:`Unavailable` when the database cannot be
+    reached this way; the caller then uses the ORM.
+    """
+    global _failed_until
+    sql, names = _select(model, where, skip)
+    try:
+        conn = await _connection()
+        cur = await conn.execute(sql, list(params), prepare=True)
+        row = await cur.fetchone()
+    except Exception as exc:
+        _failed_until = time.monotonic() + RETRY_AFTER_S
+        logger.warning("async read failed (%s); using the ORM for %.0f s", type(exc).__name__, RETRY_AFTER_S)
+        raise Unavailable from exc
+    if row is None:
+        return None
+    return model.from_db("default", names, row)
+
+
+class Unavailable(Exception):
+    """The async path failed; read through the ORM instead."""
+
+
+async def close() -> None:
+    """Close this event loop's connection (tests, shutdown)."""
+    conn = _conns.pop(asyncio.get_running_loop(), None)
+    if conn is not None:
+        await conn.close()

@@ -1,0 +1,91 @@
+"""A short-lived, bounded, per-process cache of verified bearer tokens.
+
+Verifying a token costs a database query (built-in tokens) or a signature check and an issuer
+lookup (external JWTs) on every request. A verified token's :class:`AuthContext` is kept here
+for ``AUTH_CACHE_S`` (1 s by default), never past the token's own expiry, keyed by a SHA-256 of
+the Authorization header and the resource it was presented at (the token itself is never kept).
+Only successes are cached, so unknown or forged tokens cannot fill it; at most
+``AUTH_CACHE_MAX_ENTRIES`` entries are kept (least recently used dropped first).
+
+Changes made in this process (a token revoked or deleted, a tenant disabled, an application's
+or member's grants narrowed, an issuer edited) clear the cache at once through model signals;
+other processes see them when their entries lapse, within ``AUTH_CACHE_S``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+from . import conf
+from .context import AuthContext
+
+
+class AuthCache:
+    """Verified auth contexts by request credential, each valid until a deadline."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[bytes, tuple[float, AuthContext]] = OrderedDict()
+
+    @staticmethod
+    def key(*, authorization: str, resource_url: str) -> bytes:
+        """The cache key of a credential presented at a resource (a digest: no token is stored)."""
+        return hashlib.sha256(f"{authorization}\0{resource_url}".encode("utf-8", "surrogatepass")).digest()
+
+    def get(self, key: bytes) -> AuthContext | None:
+        """The cached context for ``key`` if it is still valid."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            if entry[0] <= time.time():
+                del self._entries[key]
+                return None
+            self._entries.move_to_end(key)
+            return entry[1]
+
+    def put(self, key: bytes, ctx: AuthContext) -> None:
+        """Remember ``ctx`` for ``AUTH_CACHE_S``, never past its credential's expiry."""
+        settings = conf.get()
+        if settings.AUTH_CACHE_S <= 0 or settings.AUTH_CACHE_MAX_ENTRIES <= 0:
+            return
+        deadline = time.time() + settings.AUTH_CACHE_S
+        if ctx.expires_at is not None:
+            deadline = min(deadline, ctx.expires_at)
+        with self._lock:
+            self._entries[key] = (deadline, ctx)
+            self._entries.move_to_end(key)
+            while len(self._entries) > settings.AUTH_CACHE_MAX_ENTRIES:
+                self._entries.popitem(last=False)
+
+    def clear(self, **_: Any) -> None:
+        """Forget every entry (connected to the model signals that can change a verdict)."""
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+#: The process-wide cache.
+cache = AuthCache()
+
+
+def connect_invalidation() -> None:
+    """Clear the cache whenever a model that decides authentication changes in this process."""
+    from django.core.signals import setting_changed
+    from django.db.models.signals import post_delete, post_save
+    from oauth2_provider.models import get_access_token_model, get_application_model
+
+    from .models import ExternalIssuer, Principal, Tenant, TenantApplication, TenantMembership
+
+    for model in (get_access_token_model(), get_application_model(), Tenant, TenantApplication,
+                  TenantMembership, Principal, ExternalIssuer):
+        for signal in (post_save, post_delete):
+            uid = f"auth-cache-{model.__name__}-{id(signal)}"
+            signal.connect(cache.clear, sender=model, weak=False, dispatch_uid=uid)
+    setting_changed.connect(cache.clear, weak=False, dispatch_uid="auth-cache-settings")

@@ -1,0 +1,115 @@
+"""Reads without a thread hop (async psycopg) answer exactly what the ORM selectors answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.utils import timezone
+
+from mcptasks import fastreads, selectors
+from mcptasks.models import McpSession, Task
+from mcptasks.protocol.errors import McpError
+from tests.support.factories import expire, make_auth, make_session, make_task
+from tests.support.requirements import require_postgres
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _postgres() -> None:
+    require_postgres()
+    fastreads._failed_until = 0.0
+
+
+def _both(fn_sync: Any, fn_async: Any, **kwargs: Any) -> tuple[Any, Any]:
+    """(ORM answer, async answer), each a value or the McpError message."""
+
+    def run(call: Any) -> Any:
+        try:
+            return call(**kwargs)
+        except McpError as exc:
+            return exc.message
+
+    async def via_async(**kw: Any) -> Any:
+        assert fastreads.available(), "the async path should be taken here"
+        try:
+            return await fn_async(**kw)
+        finally:
+            await fastreads.close()
+
+    return run(fn_sync), run(async_to_sync(via_async))
+
+
+def test_tasks_are_scoped_like_the_orm_selector() -> None:
+    owner = make_auth()
+    task = make_task(owner)
+    neighbour = make_auth(tenant=None)  # another tenant
+    colleague = make_auth(tenant=_tenant_of(owner))  # same tenant, another principal
+    admin = make_auth(tenant=_tenant_of(owner), scopes="mcp:tools mcp:tasks mcp:tasks:tenant")
+    for auth in (owner, neighbour, colleague, admin):
+        for task_id in (task.task_id, "no-such-task"):
+            orm, fast = _both(selectors.get_task, selectors.aget_task, auth=auth, task_id=task_id)
+            if isinstance(orm, Task):
+                assert isinstance(fast, Task) and fast.pk == orm.pk and fast.wire() == orm.wire()
+                assert fast.params == orm.params and fast.status == orm.status
+            else:
+                assert fast == orm, (auth, task_id)
+    assert _both(selectors.get_task, selectors.aget_task, auth=colleague, task_id=task.task_id)[1] == (
+        "Failed to retrieve task: Task not found"
+    )
+    expire(task)
+    orm, fast = _both(selectors.get_task, selectors.aget_task, auth=owner, task_id=task.task_id)
+    assert fast == orm and "expired" in str(orm).lower()
+
+
+def test_status_only_reads_leave_payloads_unloaded() -> None:
+    owner = make_auth()
+    task = make_task(owner)
+
+    async def read() -> Task:
+        try:
+            return await selectors.aget_task(auth=owner, task_id=task.task_id, status_only=True)
+        finally:
+            await fastreads.close()
+
+    fast = async_to_sync(read)()
+    assert fast.wire() == Task.objects.get(pk=task.pk).wire()
+    assert {"params", "result", "error"} <= fast.get_deferred_fields()
+
+
+def test_sessions_are_scoped_like_the_orm_selector() -> None:
+    owner = make_auth()
+    live = make_session(owner)
+    ended = make_session(owner)
+    McpSession.objects.filter(pk=ended.pk).update(ended_at=timezone.now())
+    stranger = make_auth(tenant=_tenant_of(owner))
+    for auth in (owner, stranger):
+        for sid in (live.pk, ended.pk, "no-such-session"):
+            orm, fast = _both(selectors.get_session, selectors.aget_session, auth=auth, session_id=sid)
+            assert (orm.pk if orm else None) == (fast.pk if fast else None), (auth, sid)
+    orm, fast = _both(selectors.get_session, selectors.aget_session, auth=owner, session_id=live.pk)
+    assert fast.protocol_version == orm.protocol_version and fast.initialized is orm.initialized
+
+
+def test_a_failing_async_connection_falls_back_to_the_orm(monkeypatch: pytest.MonkeyPatch) -> None:
+    owner = make_auth()
+    task = make_task(owner)
+    real = fastreads._conninfo
+    monkeypatch.setattr(fastreads, "_conninfo", lambda: {**real(), "port": 1})
+
+    async def read() -> Task:
+        try:
+            return await selectors.aget_task(auth=owner, task_id=task.task_id)
+        finally:
+            await fastreads.close()
+
+    assert async_to_sync(read)().pk == task.pk  # answered by the ORM
+    assert not fastreads.available(), "the async path rests after a failure"
+
+
+def _tenant_of(auth: Any) -> Any:
+    from tenants.models import Tenant
+
+    return Tenant.objects.get(pk=auth.tenant_id)
