@@ -152,6 +152,19 @@ def key(name: str) -> str:
     return f"{getattr(settings, 'CHANNEL_PREFIX', 'mcptasks')}:{name}"
 
 
+def _pool_options() -> dict[str, Any]:
+    """One bounded pool's options, for the sync client and each loop's async client."""
+    s = conf.get()
+    return {
+        "max_connections": s.REDIS_POOL_SIZE,
+        # Waiting for a free connection counts against the same short budget.
+        "timeout": s.REDIS_OP_TIMEOUT_S,
+        "socket_timeout": s.REDIS_OP_TIMEOUT_S,
+        "socket_connect_timeout": s.REDIS_OP_TIMEOUT_S,
+        "health_check_interval": 30,
+    }
+
+
 def client() -> Any:
     """The process-wide ``redis.Redis`` client (None without ``REDIS_URL``)."""
     global _client, _client_url
@@ -162,16 +175,7 @@ def client() -> Any:
         if _client is None or _client_url != url:
             import redis
 
-            s = conf.get()
-            pool = redis.BlockingConnectionPool.from_url(
-                url,
-                max_connections=s.REDIS_POOL_SIZE,
-                # Waiting for a free connection counts against the same short budget.
-                timeout=s.REDIS_OP_TIMEOUT_S,
-                socket_timeout=s.REDIS_OP_TIMEOUT_S,
-                socket_connect_timeout=s.REDIS_OP_TIMEOUT_S,
-                health_check_interval=30,
-            )
+            pool = redis.BlockingConnectionPool.from_url(url, **_pool_options())
             _client = redis.Redis(connection_pool=pool)
             _client_url = url
         return _client
@@ -225,16 +229,7 @@ def aclient() -> Any:
         return hit[1]
     import redis.asyncio as aredis
 
-    s = conf.get()
-    pool = aredis.BlockingConnectionPool.from_url(
-        url,
-        max_connections=s.REDIS_POOL_SIZE,
-        timeout=s.REDIS_OP_TIMEOUT_S,
-        socket_timeout=s.REDIS_OP_TIMEOUT_S,
-        socket_connect_timeout=s.REDIS_OP_TIMEOUT_S,
-        health_check_interval=30,
-    )
-    c = aredis.Redis(connection_pool=pool)
+    c = aredis.Redis(connection_pool=aredis.BlockingConnectionPool.from_url(url, **_pool_options()))
     _aclients[loop] = (url, c)
     return c
 
