@@ -85,7 +85,6 @@ def connect_invalidation() -> None:
 
     for model in (get_access_token_model(), get_application_model(), Tenant, TenantApplication,
                   TenantMembership, Principal, ExternalIssuer):
-        for signal in (post_save, post_delete):
-            uid = f"auth-cache-{model.__name__}-{id(signal)}"
-            signal.connect(cache.clear, sender=model, weak=False, dispatch_uid=uid)
+        for name, signal in (("save", post_save), ("delete", post_delete)):
+            signal.connect(cache.clear, sender=model, weak=False, dispatch_uid=f"auth-cache-{model.__name__}-{name}")
     setting_changed.connect(cache.clear, weak=False, dispatch_uid="auth-cache-settings")

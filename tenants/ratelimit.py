@@ -190,13 +190,18 @@ async def acount_request(
     if limit is not None:
         refusal = _refusal(previous=previous, current=current, limit=limit, now=now, op_class=op_class)
         if refusal is not None:
-            await kv.acall(lambda r: r.decr(key), fallback=lambda store: store.incr(key, ttl_s=_COUNTER_TTL_S, by=-1))
+            await _auncount(key)  # refused requests do not count
             raise refusal
     if poll and last_poll is not None and (now - float(last_poll)) * 1000 < poll_interval_ms:
         # Polling faster than pollInterval costs an extra read.
         read_limit = row.rate_read_per_min
         assert read_limit is not None
         await _acharge(tenant_id=auth.tenant_id, op_class="read", limit=read_limit, now=now)
+
+
+async def _auncount(key: str) -> None:
+    """:func:`_uncount` from async code."""
+    await kv.acall(lambda r: r.decr(key), fallback=lambda store: store.incr(key, ttl_s=_COUNTER_TTL_S, by=-1))
 
 
 async def _acharge(*, tenant_id: int, op_class: OpClass, limit: int, now: float) -> None:
@@ -217,5 +222,5 @@ async def _acharge(*, tenant_id: int, op_class: OpClass, limit: int, now: float)
     )
     refusal = _refusal(previous=previous, current=current, limit=limit, now=now, op_class=op_class)
     if refusal is not None:
-        await kv.acall(lambda r: r.decr(key), fallback=lambda store: store.incr(key, ttl_s=_COUNTER_TTL_S, by=-1))
+        await _auncount(key)  # refused requests do not count
         raise refusal
