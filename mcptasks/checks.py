@@ -31,6 +31,21 @@ def check_secret_key(app_configs: Any, **kwargs: Any) -> list[Any]:
     return []
 
 
+@register(Tags.security, deploy=True)
+def check_audit_key(app_configs: Any, **kwargs: Any) -> list[Any]:
+    """The audit chains need a key of their own in production (see mcptasks/audit.py)."""
+    if not settings.DEBUG and not str(getattr(settings, "AUDIT_KEY", "") or ""):
+        return [
+            Warning(
+                "MCPTASKS_AUDIT_KEY is not set while DEBUG is off.",
+                hint="Set MCPTASKS_AUDIT_KEY to a long random value kept apart from SECRET_KEY and backups; "
+                "the audit chains' HMACs are keyed with it.",
+                id="mcptasks.W002",
+            )
+        ]
+    return []
+
+
 @register()
 def check_app_settings(app_configs: Any, **kwargs: Any) -> list[Any]:
     """Consistency of the MCPTASKS_* settings."""

@@ -48,6 +48,14 @@ class AppSettings:
         600, "Plain requests untouched this long are deleted by cleanup once finished (or when their session is gone)."
     )
     CLEANUP_INTERVAL_S: float = setting(60.0, "How often web processes and workers run cleanup.")
+    AUDIT_SEAL_INTERVAL_S: float = setting(
+        1.0,
+        "How often workers and web processes try to seal new audit events into their chains "
+        "(one sealer at a time across all processes).",
+    )
+    AUDIT_ANCHOR_RETENTION_S: int = setting(
+        86400, "Head anchors older than this are deleted by cleanup (the newest of each chain is always kept)."
+    )
     CLEANUP_BATCH_SIZE: int = setting(500, "Rows deleted per cleanup transaction.")
     EMBEDDED_WORKER: bool = setting(False, "Run the worker inside the web process.", shown="`0` (`1` under `serve`)")
     WORKER_CONCURRENCY: int = setting(8, "Tools a worker runs at once.")
@@ -140,6 +148,12 @@ class DeploymentSettings:
         "",
         "Fernet key(s), comma-separated (first encrypts, all decrypt), for secrets stored in the database "
         "(external issuers' shared secrets). Set it so that rotating `SECRET_KEY` does not make them unreadable.",
+        shown="derived from `SECRET_KEY`",
+    )
+    AUDIT_KEY: str = setting(
+        "",
+        "HMAC key of the audit chains (keep it apart from `SECRET_KEY` and from database backups: whoever holds it "
+        "can rewrite the chain undetected). System check `mcptasks.W002` warns when unset outside `DEBUG`.",
         shown="derived from `SECRET_KEY`",
     )
     DEBUG: bool = setting(False, "Django debug.", env="DEBUG")

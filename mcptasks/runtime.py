@@ -19,7 +19,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
-from . import conf, services
+from . import audit, conf, services
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class EmbeddedRuntime:
         await self.app(scope, receive, send)
 
     def start(self) -> None:
-        """Launch the embedded worker (if enabled) and the cleanup loop."""
+        """Launch the embedded worker (if enabled), the cleanup loop and the audit sealer."""
         settings = conf.get()
         if settings.EMBEDDED_WORKER:
             from .worker import Worker
@@ -49,6 +49,7 @@ class EmbeddedRuntime:
             self._tasks.append(asyncio.ensure_future(self.worker.run()))
             logger.info("embedded worker started")
         self._tasks.append(asyncio.ensure_future(self._cleanup_loop()))
+        self._tasks.append(asyncio.ensure_future(self._seal_loop()))
         self._install_shutdown_hook()
 
     def _install_shutdown_hook(self) -> None:
@@ -85,6 +86,15 @@ class EmbeddedRuntime:
         else:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
+
+    async def _seal_loop(self) -> None:
+        # Any process may seal; the sealer's own lock lets one at a time do it.
+        while True:
+            await asyncio.sleep(conf.get().AUDIT_SEAL_INTERVAL_S)
+            try:
+                await sync_to_async(audit.seal)()
+            except Exception:
+                logger.warning("sealing the audit log failed", exc_info=True)
 
     async def _cleanup_loop(self) -> None:
         while True:

@@ -8,8 +8,6 @@ process can never store an illegal transition.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import json
 import logging
 import secrets
 from typing import Any
@@ -22,10 +20,9 @@ from tenants import quotas
 from tenants.auth import AuthContext
 from tenants.selectors import effective_limits
 
-from . import bus, conf
+from . import audit, bus, conf
 from .models import (
     TERMINAL,
-    AuditEvent,
     McpSession,
     StreamCursor,
     StreamEvent,
@@ -403,7 +400,7 @@ def cleanup_expired(*, batch_size: int | None = None, max_batches: int = 1000) -
     settings = conf.get()
     batch = batch_size or settings.CLEANUP_BATCH_SIZE
     now = timezone.now()
-    counts = {"tasks": 0, "requests": 0, "events": 0, "sessions": 0, "workers": 0}
+    counts = {"tasks": 0, "requests": 0, "events": 0, "sessions": 0, "workers": 0, "anchors": 0}
     for _ in range(max_batches):
         n = _delete_batch(Q(kind=Task.Kind.TASK, expires_at__lte=now), batch, release=True)
         counts["tasks"] += n
@@ -451,6 +448,7 @@ def cleanup_expired(*, batch_size: int | None = None, max_batches: int = 1000) -
     # lease expiry; the row only tells operators). Kept for ten leases so they can be seen.
     dead_cutoff = now - dt.timedelta(seconds=max(60.0, 10 * settings.WORKER_LEASE_S))
     counts["workers"] = WorkerHeartbeat.objects.filter(last_seen_at__lt=dead_cutoff).delete()[0]
+    counts["anchors"] = audit.thin_anchors(older_than=dt.timedelta(seconds=settings.AUDIT_ANCHOR_RETENTION_S))
     if any(counts.values()):
         logger.info("cleanup removed %s", counts)
     return counts
@@ -533,32 +531,8 @@ def record_audit_ids(
     *, tenant_id: int | None, principal_id: int | None, action: str, task_id: str = "",
     data: dict[str, Any] | None = None,
 ) -> None:
-    """Append an audit event; each event's hash covers the previous one of its tenant."""
-    payload = data or {}
-    with transaction.atomic():
-        if connection.vendor == "postgresql":
-            # Serialise appends per tenant so the hash chain never forks under concurrency.
-            with connection.cursor() as cur:
-                cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", [0x4D435054, tenant_id or 0])
-        # Events of no tenant (e.g. throttled sign-ins) form a chain of their own.
-        chain = AuditEvent.objects.filter(tenant_id=tenant_id) if tenant_id else AuditEvent.objects.filter(
-            tenant__isnull=True
-        )
-        prev = chain.order_by("-id").values_list("hash", flat=True).first() or ""
-        body = json.dumps(
-            {"t": tenant_id, "p": principal_id, "a": action, "task": task_id, "d": payload, "prev": prev},
-            sort_keys=True,
-            default=str,
-        )
-        AuditEvent.objects.create(
-            tenant_id=tenant_id,
-            principal_id=principal_id,
-            action=action,
-            task_id=task_id,
-            data=payload,
-            prev_hash=prev,
-            hash=hashlib.sha256(body.encode()).hexdigest(),
-        )
+    """Append an audit event (one INSERT; :func:`mcptasks.audit.seal` chains it shortly after)."""
+    audit.append(tenant_id=tenant_id, principal_id=principal_id, action=action, task_id=task_id, data=data)
 
 
 def log_level_allows(session_level: str, level: str) -> bool:

@@ -34,6 +34,8 @@ DEBUG = _deploy.DEBUG
 SECRET_KEY = _deploy.SECRET_KEY
 # Encrypts secrets at rest (external issuers' shared secrets); see tenants/crypto.py.
 SECRETS_KEY = _deploy.SECRETS_KEY
+# Keys the audit chains' HMACs; see mcptasks/audit.py.
+AUDIT_KEY = _deploy.AUDIT_KEY
 ALLOWED_HOSTS: list[str] = list(_deploy.ALLOWED_HOSTS)
 
 INSTALLED_APPS = [

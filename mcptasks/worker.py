@@ -36,7 +36,7 @@ from django.utils import timezone
 
 from tenants import conf as tenants_conf
 
-from . import bus, conf, layers, services
+from . import audit, bus, conf, layers, services
 from .context import ToolCancelled, ToolContext
 from .models import McpSession, Task, TaskMessage, TaskStatus, WorkerHeartbeat
 from .protocol.errors import CAPABILITY_MISSING, INTERNAL_ERROR, McpError
@@ -270,6 +270,7 @@ class Worker:
         #: Sync tools run here (never in the default executor, which others share).
         self.tool_executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="mcptasks-tool")
         self._lease = _LeaseThread()
+        self._housekeeping = _LeaseThread()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._rejoining: asyncio.Future[Any] | None = None
         self._joined_at = 0.0
@@ -283,6 +284,7 @@ class Worker:
         await self._heartbeat_row()
         listener = asyncio.ensure_future(self._listen())
         heart = asyncio.ensure_future(self._heartbeat_loop())
+        sealer = asyncio.ensure_future(self._seal_loop()) if self.run_cleanup else None
         logger.info("worker %s started (concurrency %d)", self.worker_id, self.concurrency)
         try:
             while not stop.is_set():
@@ -309,10 +311,13 @@ class Worker:
             finally:
                 heart.cancel()
                 listener.cancel()
+                if sealer is not None:
+                    sealer.cancel()
                 await _db(WorkerHeartbeat.objects.filter(worker_id=self.worker_id).delete)()
                 # Abandoned sync tools (handed back) may still run: don't wait for them.
                 self.tool_executor.shutdown(wait=False, cancel_futures=True)
                 self._lease.shutdown()
+                self._housekeeping.shutdown()
                 logger.info("worker %s stopped", self.worker_id)
 
     async def _drain(self, grace: float) -> None:
@@ -443,6 +448,17 @@ class Worker:
                         await self._check_cancel(msg["task_id"])
                     except Exception:
                         logger.warning("cancel check failed", exc_info=True)
+
+    async def _seal_loop(self) -> None:
+        """Chain new audit events (in a thread of its own: never queued behind tools or leases)."""
+        while True:
+            await asyncio.sleep(conf.get().AUDIT_SEAL_INTERVAL_S)
+            try:
+                await self._housekeeping(audit.seal)()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.warning("sealing the audit log failed", exc_info=True)
 
     async def _heartbeat_row(self) -> None:
         await self._lease(services.worker_heartbeat)(

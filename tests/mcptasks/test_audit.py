@@ -1,19 +1,27 @@
-"""The audit trail the services write: creation, outcome, retrieval, failed lookups; hash chain."""
+"""The audit trail the services write (creation, outcome, retrieval, failed lookups) and its sealed chains."""
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
+import io
 import json
+import threading
 from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.core.management import CommandError, call_command
+from django.db import connections, transaction
+from django.utils import timezone
 
-from mcptasks import handlers, services
-from mcptasks.models import AuditEvent, McpSession, Task
+from mcptasks import audit, handlers, services
+from mcptasks.models import AuditAnchor, AuditEvent, McpSession, Task
 from mcptasks.protocol.errors import McpError
 from mcptasks.protocol.messages import TaskIdParams
 from tenants.auth import AuthContext
+from tests.support.factories import make_auth
+from tests.support.requirements import require_postgres
 
 pytestmark = pytest.mark.django_db
 
@@ -41,16 +49,171 @@ def test_retrieval_and_failed_lookups_are_audited(auth: AuthContext, session: Mc
     assert failed.principal_id == auth.principal_id
 
 
-def test_each_audit_event_hash_covers_the_previous_one(auth: AuthContext, session: McpSession,
-                                                       task_factory: Any) -> None:
-    for _ in range(3):
-        services.record_audit(auth=auth, action="test.event", data={"n": 1})
-    events = list(AuditEvent.objects.filter(tenant_id=auth.tenant_id).order_by("id"))
-    assert len(events) >= 3
+def _verify(auth: AuthContext, **kw: Any) -> audit.Report:
+    return audit.verify(chain=auth.tenant_id, **kw)
+
+
+def _chain_of_five(auth: AuthContext) -> list[AuditEvent]:
+    for n in range(5):
+        services.record_audit(auth=auth, action="test.event", data={"n": n})
+    audit.seal_all()
+    return list(AuditEvent.objects.filter(chain=auth.tenant_id).order_by("chain_seq"))
+
+
+def test_appends_are_unsealed_until_the_sealer_chains_them_with_keyed_hashes(auth: AuthContext) -> None:
+    services.record_audit(auth=auth, action="test.event", data={"n": 1})
+    ev = AuditEvent.objects.get(action="test.event")
+    assert ev.hash == "" and ev.chain_seq is None and ev.sealed_at is None
+    events = _chain_of_five(auth)
     prev = ""
-    for ev in events:
-        assert ev.prev_hash == prev
+    for seq, ev in enumerate(events, start=1):
+        assert ev.chain_seq == seq and ev.prev_hash == prev and ev.sealed_at is not None
+        # Keyed: the hash is an HMAC over the id, time, place, actor, action and data.
+        assert ev.hash == audit.event_hash(event_id=ev.pk, created_at=ev.created_at, chain=ev.chain, seq=seq,
+                                           principal=ev.principal_ref, action=ev.action, task_id=ev.task_id,
+                                           data=ev.data, prev=prev)
         body = json.dumps({"t": ev.tenant_id, "p": ev.principal_id, "a": ev.action, "task": ev.task_id,
                            "d": ev.data, "prev": prev}, sort_keys=True, default=str)
-        assert ev.hash == hashlib.sha256(body.encode()).hexdigest()
+        assert ev.hash != hashlib.sha256(body.encode()).hexdigest()
         prev = ev.hash
+    assert _verify(auth).ok and _verify(auth).head_seq == 6
+
+
+def test_chains_are_per_tenant_and_late_commits_join_the_next_pass(auth: AuthContext) -> None:
+    other = make_auth()
+    services.record_audit(auth=auth, action="a.one")
+    services.record_audit(auth=other, action="b.one")
+    assert audit.seal() == 2
+    services.record_audit(auth=other, action="b.two")
+    services.record_audit(auth=auth, action="a.two")
+    assert audit.seal() == 2 and audit.seal() == 0
+    for who in (auth, other):
+        seqs = list(AuditEvent.objects.filter(chain=who.tenant_id).order_by("chain_seq")
+                    .values_list("chain_seq", flat=True))
+        assert seqs == [1, 2]
+        assert _verify(who).ok
+
+
+def test_verify_detects_an_edited_row(auth: AuthContext) -> None:
+    events = _chain_of_five(auth)
+    AuditEvent.objects.filter(pk=events[2].pk).update(data={"n": 99})
+    report = _verify(auth)
+    assert not report.ok and report.first_broken_id == events[2].pk
+
+
+def test_verify_detects_a_back_dated_row(auth: AuthContext) -> None:
+    events = _chain_of_five(auth)
+    AuditEvent.objects.filter(pk=events[3].pk).update(created_at=events[3].created_at - dt.timedelta(hours=1))
+    report = _verify(auth)
+    assert not report.ok and report.first_broken_id == events[3].pk
+
+
+def test_verify_detects_a_row_deleted_from_the_middle(auth: AuthContext) -> None:
+    events = _chain_of_five(auth)
+    AuditEvent.objects.filter(pk=events[1].pk).delete()
+    report = _verify(auth)
+    assert not report.ok and report.first_broken_id == events[2].pk
+    assert any("missing" in p for p in report.problems)
+
+
+def test_verify_detects_the_newest_rows_deleted(auth: AuthContext) -> None:
+    events = _chain_of_five(auth)
+    AuditEvent.objects.filter(pk__in=[events[-1].pk, events[-2].pk]).delete()
+    report = _verify(auth)
+    assert not report.ok and any("newest events deleted" in p for p in report.problems)
+
+
+def test_exported_anchors_detect_truncation_even_with_the_stored_anchors_deleted(auth: AuthContext) -> None:
+    events = _chain_of_five(auth)
+    exported = audit.export_anchors(chain=auth.tenant_id)
+    assert exported[0]["seq"] == len(events)
+    AuditEvent.objects.filter(pk=events[-1].pk).delete()
+    AuditAnchor.objects.filter(chain=auth.tenant_id).delete()
+    assert _verify(auth).ok  # what the database alone still proves ...
+    assert not _verify(auth, external_anchors=exported).ok  # ... and what the kept anchor adds
+
+
+def test_a_chain_recomputed_without_the_key_does_not_verify(auth: AuthContext, settings: Any) -> None:
+    events = _chain_of_five(auth)
+    settings.AUDIT_KEY = "someone-elses-key"
+    AuditEvent.objects.filter(pk=events[0].pk).update(data={"n": "forged"})
+    # The forger re-seals every row and re-signs the anchors with the key they have.
+    AuditEvent.objects.filter(chain=auth.tenant_id).update(sealed_at=None, hash="", prev_hash="", chain_seq=None)
+    AuditAnchor.objects.filter(chain=auth.tenant_id).delete()
+    audit.seal_all()
+    assert _verify(auth).ok  # consistent under the forger's key
+    settings.AUDIT_KEY = ""
+    report = _verify(auth)
+    assert not report.ok and report.first_broken_id == events[0].pk
+
+
+def test_prune_keeps_the_rest_verifiable(auth: AuthContext) -> None:
+    events = _chain_of_five(auth)
+    old = timezone.now() - dt.timedelta(days=40)
+    AuditEvent.objects.filter(pk__in=[e.pk for e in events[:3]]).update(created_at=old)
+    # Back-dating breaks those rows' hashes; re-seal so the chain is honest about the new times.
+    AuditEvent.objects.filter(chain=auth.tenant_id).update(sealed_at=None, hash="", prev_hash="", chain_seq=None)
+    AuditAnchor.objects.filter(chain=auth.tenant_id).delete()
+    audit.seal_all()
+    assert audit.prune(older_than=dt.timedelta(days=30)) == 3
+    assert AuditEvent.objects.filter(chain=auth.tenant_id).count() == 2
+    assert _verify(auth).ok
+    AuditEvent.objects.filter(chain=auth.tenant_id).order_by("chain_seq").first().delete()  # type: ignore[union-attr]
+    assert not _verify(auth).ok
+
+
+def test_verify_command_names_the_first_broken_event(auth: AuthContext) -> None:
+    events = _chain_of_five(auth)
+    out = io.StringIO()
+    call_command("mcptasks_audit", "verify", stdout=out)
+    assert "OK" in out.getvalue()
+    AuditEvent.objects.filter(pk=events[1].pk).update(action="task.nothing")
+    out = io.StringIO()
+    with pytest.raises(CommandError):
+        call_command("mcptasks_audit", "verify", stdout=out)
+    assert f"first broken event {events[1].pk}" in out.getvalue()
+
+
+def test_unsealed_events_past_the_grace_are_reported(auth: AuthContext) -> None:
+    services.record_audit(auth=auth, action="test.event")
+    AuditEvent.objects.update(created_at=timezone.now() - dt.timedelta(minutes=5))
+    assert _verify(auth).stale_unsealed == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_appends_and_sealers_never_fork_a_chain() -> None:
+    """PostgreSQL: writers append without any lock while two sealers race; one chain results."""
+    require_postgres()
+    auth = make_auth()
+    stop = threading.Event()
+    sealed: list[int] = []
+
+    def writer(n: int) -> None:
+        try:
+            for i in range(40):
+                with transaction.atomic():
+                    services.record_audit(auth=auth, action="test.event", data={"w": n, "i": i})
+        finally:
+            connections.close_all()
+
+    def sealer() -> None:
+        try:
+            while not stop.is_set():
+                sealed.append(audit.seal(limit=7))
+        finally:
+            connections.close_all()
+
+    writers = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+    sealers = [threading.Thread(target=sealer) for _ in range(2)]
+    for t in writers + sealers:
+        t.start()
+    for t in writers:
+        t.join()
+    stop.set()
+    for t in sealers:
+        t.join()
+    audit.seal_all()
+    assert sum(sealed) > 0
+    seqs = list(AuditEvent.objects.filter(chain=auth.tenant_id).values_list("chain_seq", flat=True))
+    assert sorted(seqs) == list(range(1, 161))
+    assert _verify(auth).ok

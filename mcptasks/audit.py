@@ -1,0 +1,299 @@
+"""The audit trail: append-only events, sealed into keyed hash chains, anchored, verifiable.
+
+Appending is a plain INSERT (:func:`append`): no lock, no read, so task traffic never
+serialises on the audit log. A *sealer* (:func:`seal`, run every ``AUDIT_SEAL_INTERVAL_S`` by
+workers, the embedded worker and ``mcptasks_cleanup``, under an advisory lock of its own on
+PostgreSQL) then chains the committed, unsealed events of each *chain* (one per tenant, ``0``
+for events of no tenant) in id order: each gets the next ``chain_seq``, the previous event's
+hash and its own hash, an HMAC-SHA256 (key ``MCPTASKS_AUDIT_KEY``, separate from
+``SECRET_KEY``) over its id, time, chain, sequence number, principal, action, task id, data and
+the previous hash. An event that commits late (its transaction outlived a sealing pass) is
+simply chained in the next pass: the chain's order is the sealer's, so it never forks.
+
+Every pass that advances a chain records a signed *anchor* (the chain's head sequence number
+and hash); anchors can be exported and kept elsewhere. :func:`verify` recomputes a chain and
+names the first broken event: an edited or back-dated row fails its HMAC, a row deleted from the
+middle breaks the links, newest rows deleted leave an anchor pointing past the chain's end, and
+recomputing the hashes needs the key. :func:`prune` deletes old events and records a signed
+*prune anchor* from which verification starts.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from .models import AuditAnchor, AuditEvent
+
+#: pg_try_advisory_xact_lock key of the sealer (one sealer at a time across all processes).
+SEAL_LOCK = (0x4D435054, 0x5345414C)  # "MCPT", "SEAL"
+
+
+def _key() -> bytes:
+    raw = str(getattr(settings, "AUDIT_KEY", "") or "")
+    if raw:
+        return raw.encode()
+    # Development only (system check mcptasks.W002 warns in production): a key derived from
+    # SECRET_KEY still keeps people without the settings from recomputing the chain.
+    return hashlib.sha256(b"mcptasks-audit:" + str(settings.SECRET_KEY).encode()).digest()
+
+
+def _mac(body: str) -> str:
+    return hmac.new(_key(), body.encode(), hashlib.sha256).hexdigest()
+
+
+def _iso(value: dt.datetime) -> str:
+    return value.astimezone(dt.UTC).isoformat()
+
+
+def event_hash(*, event_id: int, created_at: dt.datetime, chain: int, seq: int, principal: int | None,
+               action: str, task_id: str, data: Any, prev: str) -> str:
+    """The keyed hash of one sealed event (everything it says, its place and its predecessor)."""
+    body = json.dumps(
+        {"id": event_id, "at": _iso(created_at), "chain": chain, "seq": seq, "p": principal, "a": action,
+         "task": task_id, "d": data, "prev": prev},
+        sort_keys=True, separators=(",", ":"), default=str,
+    )
+    return _mac(body)
+
+
+def anchor_signature(*, chain: int, seq: int, head: str, created_at: dt.datetime, kind: str) -> str:
+    """The keyed signature of an anchor."""
+    return _mac(f"anchor|{kind}|{chain}|{seq}|{head}|{_iso(created_at)}")
+
+
+# --- appending -------------------------------------------------------------------------------
+
+
+def event(*, tenant_id: int | None, principal_id: int | None, action: str, task_id: str = "",
+          data: dict[str, Any] | None = None) -> AuditEvent:
+    """An unsaved event (for :func:`append_many`)."""
+    return AuditEvent(
+        tenant_id=tenant_id, principal_id=principal_id, chain=tenant_id or 0, principal_ref=principal_id,
+        action=action, task_id=task_id, data=data or {},
+    )
+
+
+def append(*, tenant_id: int | None, principal_id: int | None, action: str, task_id: str = "",
+           data: dict[str, Any] | None = None) -> None:
+    """Append one event (one INSERT; sealed later)."""
+    event(tenant_id=tenant_id, principal_id=principal_id, action=action, task_id=task_id, data=data).save()
+
+
+def append_many(events: Iterable[AuditEvent]) -> None:
+    """Append several events in one statement."""
+    batch = list(events)
+    if batch:
+        AuditEvent.objects.bulk_create(batch)
+
+
+# --- sealing ---------------------------------------------------------------------------------
+
+
+def _heads(chains: set[int]) -> dict[int, tuple[int, str]]:
+    """(last sequence number, its hash) of each chain: its newest sealed event or prune anchor."""
+    heads: dict[int, tuple[int, str]] = {c: (0, "") for c in chains}
+    last = dict(
+        AuditEvent.objects.filter(chain__in=chains, chain_seq__isnull=False)
+        .values_list("chain").annotate(m=Max("chain_seq")).values_list("chain", "m")
+    )
+    for chain, seq in last.items():
+        heads[chain] = (seq, AuditEvent.objects.filter(chain=chain, chain_seq=seq).values_list("hash", flat=True)[0])
+    for anchor in AuditAnchor.objects.filter(chain__in=chains, kind=AuditAnchor.Kind.PRUNE):
+        if anchor.seq > heads[anchor.chain][0]:
+            heads[anchor.chain] = (anchor.seq, anchor.head)
+    return heads
+
+
+def seal(*, limit: int = 5000) -> int:
+    """Chain up to ``limit`` committed unsealed events; returns how many were sealed.
+
+    Returns 0 at once when another process is sealing (PostgreSQL); on SQLite writers are
+    serialised by the database.
+    """
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cur:
+                cur.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", list(SEAL_LOCK))
+                if not cur.fetchone()[0]:
+                    return 0
+        pending = list(AuditEvent.objects.filter(sealed_at__isnull=True).order_by("id")[:limit])
+        if not pending:
+            return 0
+        heads = _heads({e.chain for e in pending})
+        now = timezone.now()
+        for ev in pending:
+            seq, prev = heads[ev.chain]
+            ev.chain_seq = seq + 1
+            ev.prev_hash = prev
+            ev.hash = event_hash(event_id=ev.pk, created_at=ev.created_at, chain=ev.chain, seq=seq + 1,
+                                 principal=ev.principal_ref, action=ev.action, task_id=ev.task_id, data=ev.data,
+                                 prev=prev)
+            ev.sealed_at = now
+            heads[ev.chain] = (seq + 1, ev.hash)
+        AuditEvent.objects.bulk_update(pending, ["chain_seq", "prev_hash", "hash", "sealed_at"], batch_size=500)
+        touched = {ev.chain for ev in pending}
+        AuditAnchor.objects.bulk_create([_anchor(chain=c, seq=heads[c][0], head=heads[c][1], at=now,
+                                                 kind=AuditAnchor.Kind.HEAD) for c in sorted(touched)])
+        return len(pending)
+
+
+def seal_all(*, limit: int = 5000) -> int:
+    """Seal until nothing committed is left unsealed (or another process holds the sealer)."""
+    total = 0
+    while n := seal(limit=limit):
+        total += n
+    return total
+
+
+def _anchor(*, chain: int, seq: int, head: str, at: dt.datetime, kind: str) -> AuditAnchor:
+    return AuditAnchor(chain=chain, seq=seq, head=head, created_at=at, kind=kind,
+                       signature=anchor_signature(chain=chain, seq=seq, head=head, created_at=at, kind=kind))
+
+
+# --- verifying -------------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    """What :func:`verify` found for one chain."""
+
+    chain: int
+    checked: int = 0
+    head_seq: int = 0
+    problems: list[str] = field(default_factory=list)
+    #: Unsealed events older than the grace period (the sealer is not running, or is behind).
+    stale_unsealed: int = 0
+    first_broken_id: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the chain verified."""
+        return not self.problems
+
+    def _fail(self, message: str, event_id: int | None = None) -> None:
+        if event_id is not None and self.first_broken_id is None:
+            self.first_broken_id = event_id
+        self.problems.append(message)
+
+
+def chains() -> list[int]:
+    """Every chain with events or anchors."""
+    found = set(AuditEvent.objects.values_list("chain", flat=True).distinct())
+    found |= set(AuditAnchor.objects.values_list("chain", flat=True).distinct())
+    return sorted(found)
+
+
+def verify(*, chain: int, external_anchors: Iterable[dict[str, Any]] = (), unsealed_grace_s: float = 10.0) -> Report:
+    """Recompute ``chain`` (a tenant id, or 0); report the first broken event, if any.
+
+    ``external_anchors`` are anchors exported earlier (:func:`export_anchors`) and kept outside
+    the database: they detect truncation even when the anchors stored beside the events were
+    deleted too.
+    """
+    report = Report(chain=chain)
+    anchors = list(AuditAnchor.objects.filter(chain=chain).order_by("seq", "id"))
+    for a in anchors:
+        if not hmac.compare_digest(a.signature, anchor_signature(chain=a.chain, seq=a.seq, head=a.head,
+                                                                 created_at=a.created_at, kind=a.kind)):
+            report._fail(f"anchor {a.pk} (seq {a.seq}) has a bad signature")
+    ext = [x for x in external_anchors if int(x.get("chain", -1)) == chain]
+    for x in ext:
+        at = dt.datetime.fromisoformat(str(x["at"]))
+        if not hmac.compare_digest(str(x.get("signature", "")), anchor_signature(
+                chain=chain, seq=int(x["seq"]), head=str(x["head"]), created_at=at, kind=str(x["kind"]))):
+            report._fail(f"exported anchor at seq {x['seq']} has a bad signature")
+    prunes = [a for a in anchors if a.kind == AuditAnchor.Kind.PRUNE]
+    expected, prev = (prunes[-1].seq + 1, prunes[-1].head) if prunes else (1, "")
+    anchored = {a.seq for a in anchors} | {int(x["seq"]) for x in ext}
+    by_seq: dict[int, str] = {}  # hashes at anchored positions only (memory stays bounded)
+    rows = AuditEvent.objects.filter(chain=chain, chain_seq__isnull=False).order_by("chain_seq").iterator(2000)
+    for ev in rows:
+        report.checked += 1
+        seq = int(ev.chain_seq or 0)
+        if seq < expected:
+            if not prunes or seq > prunes[-1].seq:
+                report._fail(f"event {ev.pk}: sequence number {seq} repeated", ev.pk)
+            else:
+                report._fail(f"event {ev.pk}: seq {seq} should have been pruned", ev.pk)
+            continue
+        if seq != expected:
+            report._fail(f"event {ev.pk}: events {expected}..{seq - 1} of the chain are missing (deleted)", ev.pk)
+        if ev.prev_hash != prev:
+            report._fail(f"event {ev.pk} (seq {seq}): link to the previous event is broken", ev.pk)
+        want = event_hash(event_id=ev.pk, created_at=ev.created_at, chain=ev.chain, seq=seq,
+                          principal=ev.principal_ref, action=ev.action, task_id=ev.task_id, data=ev.data,
+                          prev=ev.prev_hash)
+        if not hmac.compare_digest(ev.hash, want):
+            report._fail(f"event {ev.pk} (seq {seq}): contents or time changed since it was sealed", ev.pk)
+        if seq in anchored:
+            by_seq[seq] = ev.hash
+        prev = ev.hash
+        expected = seq + 1
+    report.head_seq = expected - 1
+    for seq, head, where in [(a.seq, a.head, f"anchor {a.pk}") for a in anchors if a.kind == AuditAnchor.Kind.HEAD] + [
+        (int(x["seq"]), str(x["head"]), "exported anchor") for x in ext
+    ]:
+        if seq > report.head_seq:
+            report._fail(f"{where} records seq {seq} but the chain ends at {report.head_seq}: newest events deleted")
+        elif seq in by_seq and not hmac.compare_digest(by_seq[seq], head):
+            report._fail(f"{where} records another hash for seq {seq}: the chain was rewritten")
+    cutoff = timezone.now() - dt.timedelta(seconds=unsealed_grace_s)
+    report.stale_unsealed = AuditEvent.objects.filter(chain=chain, sealed_at__isnull=True,
+                                                      created_at__lt=cutoff).count()
+    return report
+
+
+def export_anchors(*, chain: int | None = None) -> list[dict[str, Any]]:
+    """The newest anchor of each chain, as JSON-ready dicts to keep outside the database."""
+    qs = AuditAnchor.objects.all() if chain is None else AuditAnchor.objects.filter(chain=chain)
+    newest: dict[int, AuditAnchor] = {}
+    for a in qs.order_by("chain", "seq", "id"):
+        newest[a.chain] = a
+    return [{"chain": a.chain, "seq": a.seq, "head": a.head, "kind": a.kind, "at": _iso(a.created_at),
+             "signature": a.signature} for a in newest.values()]
+
+
+def thin_anchors(*, older_than: dt.timedelta) -> int:
+    """Delete head anchors older than ``older_than``, except the newest of each chain."""
+    cutoff = timezone.now() - older_than
+    newest = AuditAnchor.objects.filter(kind=AuditAnchor.Kind.HEAD).values("chain").annotate(m=Max("id"))
+    keep = [row["m"] for row in newest]
+    return int(AuditAnchor.objects.filter(kind=AuditAnchor.Kind.HEAD, created_at__lt=cutoff)
+               .exclude(pk__in=keep).delete()[0])
+
+
+# --- pruning ---------------------------------------------------------------------------------
+
+
+def prune(*, older_than: dt.timedelta) -> int:
+    """Delete sealed events older than ``older_than`` (and their superseded anchors).
+
+    Each chain keeps a signed prune anchor at the last deleted event, from which verification
+    starts, so the remaining chain stays verifiable. Returns the events deleted.
+    """
+    cutoff = timezone.now() - older_than
+    deleted = 0
+    for chain in chains():
+        with transaction.atomic():
+            last = (AuditEvent.objects.filter(chain=chain, sealed_at__isnull=False, created_at__lt=cutoff)
+                    .order_by("-chain_seq").values_list("chain_seq", "hash").first())
+            if last is None:
+                continue
+            seq, head = int(last[0] or 0), str(last[1])
+            _anchor(chain=chain, seq=seq, head=head, at=timezone.now(), kind=AuditAnchor.Kind.PRUNE).save()
+            n, _ = AuditEvent.objects.filter(chain=chain, chain_seq__lte=seq).delete()
+            AuditAnchor.objects.filter(chain=chain, seq__lt=seq).delete()
+            AuditAnchor.objects.filter(chain=chain, seq=seq, kind=AuditAnchor.Kind.HEAD).delete()
+            deleted += n
+    return deleted
