@@ -5,13 +5,17 @@ Models hold state and small transition helpers; the rules live in services.py an
 
 from __future__ import annotations
 
+import datetime as dt
 import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import models
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
-from .protocol.messages import TERMINAL_STATUSES
+from .protocol.messages import TERMINAL_STATUSES, sources_for
 from .protocol.messages import TaskStatus as WireStatus
 
 
@@ -58,7 +62,88 @@ class TaskStatus(models.TextChoices):
     CANCELLED = WireStatus.CANCELLED.value, "cancelled"
 
 
+#: The terminal statuses (defined once, in the protocol layer) and the live ones.
 TERMINAL = frozenset(s.value for s in TERMINAL_STATUSES)
+LIVE = (TaskStatus.WORKING.value, TaskStatus.INPUT_REQUIRED.value)
+
+
+@dataclass
+class Outcome:
+    """How one run of a task ended: what :meth:`TaskQuerySet.finish` writes."""
+
+    pk: int
+    attempt: int
+    status: str
+    message: str | None = None
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+
+class TaskQuerySet(models.QuerySet["Task"]):
+    """The task data layer: every state change is a named, conditional transition here.
+
+    Each transition is ``UPDATE … WHERE status IN (legal sources)`` (and ``attempt = <the
+    run's>`` for a worker), so concurrent writers in any process can never store an illegal
+    change or let a superseded run overwrite the current one.
+    """
+
+    def live(self) -> TaskQuerySet:
+        """Tasks still working or waiting for input."""
+        return self.filter(status__in=LIVE)
+
+    def transition(self, to: str, **fields: Any) -> int:
+        """Move the selected rows to ``to`` where the spec allows it; returns rows changed."""
+        now = fields.pop("now", None) or timezone.now()
+        updates: dict[str, Any] = {"status": to, "last_updated_at": now, **fields}
+        if to in TERMINAL:
+            updates.update(finished_at=now, lease_expires_at=None)
+        return self.filter(status__in=sources_for(to)).update(**updates)
+
+    def complete(self, *, result: dict[str, Any], **fields: Any) -> int:
+        """Record a successful run."""
+        return self.transition(TaskStatus.COMPLETED, result=result, **fields)
+
+    def fail(self, *, message: str, result: dict[str, Any] | None = None, error: dict[str, Any] | None = None,
+             **fields: Any) -> int:
+        """Record a failed run (a tool error result, or a JSON-RPC error)."""
+        return self.transition(TaskStatus.FAILED, status_message=message, result=result, error=error, **fields)
+
+    def cancel(self, *, message: str, **fields: Any) -> int:
+        """Cancel the selected live tasks."""
+        return self.transition(TaskStatus.CANCELLED, status_message=message, cancel_requested=True, **fields)
+
+    def finish(self, outcomes: list[Outcome], *, now: dt.datetime) -> list[int]:
+        """Write many runs' outcomes in two statements; returns the pks that changed.
+
+        Must run in a transaction. The rows still live at the run's attempt are locked first
+        (a superseded or cancelled run writes nothing), then one UPDATE sets each row's own
+        status, message, result and error.
+        """
+        if not outcomes:
+            return []
+        match = Q()
+        for o in outcomes:
+            match |= Q(pk=o.pk, attempt=o.attempt)
+        ours = set(self.live().filter(match).select_for_update().values_list("pk", flat=True))
+        won = [o for o in outcomes if o.pk in ours]
+        if not won:
+            return []
+        fields: dict[str, tuple[Callable[[Outcome], Any], models.Field[Any, Any]]] = {
+            "status": (lambda o: o.status, models.CharField()),
+            "status_message": (lambda o: o.message, models.TextField()),
+            "result": (lambda o: o.result, models.JSONField()),
+            "error": (lambda o: o.error, models.JSONField()),
+        }
+        updates: dict[str, Any] = {}
+        for name, (get, field) in fields.items():
+            # Like a single transition: a field the outcome does not set keeps its value.
+            whens = [When(pk=o.pk, then=Value(get(o), output_field=field)) for o in won if get(o) is not None]
+            if whens:
+                updates[name] = Case(*whens, default=F(name), output_field=field)
+        self.filter(pk__in=[o.pk for o in won]).update(
+            **updates, last_updated_at=now, finished_at=now, lease_expires_at=None
+        )
+        return [o.pk for o in won]
 
 
 class Task(models.Model):
@@ -107,6 +192,8 @@ class Task(models.Model):
     # Where server->client messages go: the POST stream of a plain request, or the
     # tasks/result stream that is open for a task right now (null: the session's GET stream).
     stream_id = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001 - null: the GET stream
+
+    objects = TaskQuerySet.as_manager()
 
     class Meta:
         indexes = [

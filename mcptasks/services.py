@@ -24,6 +24,7 @@ from . import audit, bus, conf
 from .models import (
     TERMINAL,
     McpSession,
+    Outcome,
     StreamCursor,
     StreamEvent,
     Task,
@@ -32,7 +33,7 @@ from .models import (
     WorkerHeartbeat,
 )
 from .protocol.errors import INTERNAL_ERROR, INVALID_PARAMS, McpError, cannot_cancel_message
-from .protocol.messages import LOG_LEVELS, related_task_meta, sources_for
+from .protocol.messages import LOG_LEVELS, related_task_meta
 from .registry import Tool
 
 logger = logging.getLogger(__name__)
@@ -163,45 +164,73 @@ def transition(
     whether this call made the transition; the in-memory ``task`` is refreshed when it did.
     """
     now = timezone.now()
-    sources = sources_for(to)
-    updates: dict[str, Any] = {"status": to, "last_updated_at": now}
+    updates: dict[str, Any] = {}
     if status_message is not None or clear_message:
         updates["status_message"] = status_message
     if result is not None:
         updates["result"] = result
     if error is not None:
         updates["error"] = error
-    terminal = to in (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED)
-    if terminal:
-        updates.update(finished_at=now, lease_expires_at=None)
     if extra:
         updates.update(extra)
-    flt = Q(pk=task.pk, status__in=sources)
+    rows = Task.objects.filter(pk=task.pk)
     if attempt is not None:
-        flt &= Q(attempt=attempt)
+        rows = rows.filter(attempt=attempt)
+    terminal = to in TERMINAL
     with transaction.atomic():
-        changed = Task.objects.filter(flt).update(**updates)
+        changed = rows.transition(to, now=now, **updates)
         if changed and terminal:
-            quotas.release_task_slot(tenant_id=task.tenant_id, principal_id=task.principal_id)
-        if changed and terminal:
-            # Unanswered server->client requests die with their task.
-            TaskMessage.objects.filter(task_id=task.pk, answered_at__isnull=True).delete()
-        if changed and terminal and task.kind == Task.Kind.TASK:
-            # In the transition's own transaction: whoever sees the terminal status also finds
-            # its audit event, and a crash cannot keep one without the other.
-            record_audit_ids(
-                tenant_id=task.tenant_id,
-                principal_id=task.principal_id,
-                action=f"task.{to}",
-                task_id=task.task_id,
-                data={"statusMessage": status_message} if status_message else {},
-            )
+            _ended(tasks=[task], messages={task.pk: status_message}, statuses={task.pk: to})
     if not changed:
         return False
+    updates.update(status=to, last_updated_at=now)
+    if terminal:
+        updates.update(finished_at=now, lease_expires_at=None)
     for key, value in updates.items():
         setattr(task, key, value)
     _after_change(task)
     return True
+
+
+def finish_runs(*, runs: list[tuple[Task, Outcome]]) -> list[bool]:
+    """Write the outcomes of many worker runs in one transaction; whether each was written.
+
+    What :func:`transition` does for one task, batched: the outcomes (a superseded or
+    cancelled run writes nothing), the quota slots, the dead server->client requests and the
+    audit events commit together; then waiters and requestors are told.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        won = set(Task.objects.finish([o for _t, o in runs], now=now))
+        ended = [(t, o) for t, o in runs if o.pk in won]
+        if ended:
+            _ended(tasks=[t for t, _o in ended], messages={o.pk: o.message for _t, o in ended},
+                   statuses={o.pk: o.status for _t, o in ended})
+    for task, outcome in ended:
+        task.status, task.last_updated_at, task.finished_at, task.lease_expires_at = outcome.status, now, now, None
+        if outcome.message is not None:
+            task.status_message = outcome.message
+        if outcome.result is not None:
+            task.result = outcome.result
+        if outcome.error is not None:
+            task.error = outcome.error
+        _after_change(task)
+    return [o.pk in won for _t, o in runs]
+
+
+def _ended(*, tasks: list[Task], messages: dict[int, str | None], statuses: dict[int, str]) -> None:
+    """In the transaction that made ``tasks`` terminal: slots back, requests dropped, audited."""
+    quotas.release_task_slots(slots=[(t.tenant_id, t.principal_id) for t in tasks])
+    # Unanswered server->client requests die with their task.
+    TaskMessage.objects.filter(task_id__in=[t.pk for t in tasks], answered_at__isnull=True).delete()
+    # In the transition's own transaction: whoever sees the terminal status also finds its
+    # audit event, and a crash cannot keep one without the other.
+    audit.append_many(
+        audit.event(tenant_id=t.tenant_id, principal_id=t.principal_id,
+                    action=f"task.{statuses[t.pk]}", task_id=t.task_id,
+                    data={"statusMessage": messages[t.pk]} if messages.get(t.pk) else {})
+        for t in tasks if t.kind == Task.Kind.TASK
+    )
 
 
 def set_status_message(*, task: Task, message: str, attempt: int | None = None) -> bool:

@@ -38,7 +38,7 @@ from tenants import conf as tenants_conf
 
 from . import audit, bus, conf, layers, services
 from .context import ToolCancelled, ToolContext
-from .models import McpSession, Task, TaskMessage, TaskStatus, WorkerHeartbeat
+from .models import LIVE, McpSession, Outcome, Task, TaskMessage, TaskStatus, WorkerHeartbeat
 from .protocol.errors import CAPABILITY_MISSING, INTERNAL_ERROR, McpError
 from .protocol.jsonrpc import unstorable_string
 from .protocol.messages import related_task_meta
@@ -48,7 +48,6 @@ logger = logging.getLogger(__name__)
 
 #: The statusMessage of a non-retryable task whose worker died (documented; tests rely on it).
 WORKER_LOST = "worker lost during execution"
-LIVE = (TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED)
 
 
 def storable_problem(result: dict[str, Any] | None) -> str | None:
@@ -122,6 +121,15 @@ class _LeaseThread:
         self.executor.shutdown(wait=True)
 
 
+#: Most outcomes written in one transaction.
+FINISH_BATCH = 100
+
+
+def _outcome(task: Task, status: str, message: str | None, *, result: dict[str, Any] | None = None,
+             error: dict[str, Any] | None = None) -> Outcome:
+    return Outcome(pk=task.pk, attempt=task.attempt, status=status, message=message, result=result, error=error)
+
+
 def tool_lock_key(tool_name: str) -> int:
     """A stable signed 32-bit key for ``pg_advisory_xact_lock`` of one tool's concurrency limit."""
     return zlib.crc32(f"mcptasks.tool:{tool_name}".encode()) - 2**31
@@ -151,9 +159,10 @@ class WorkerBackend:
 
     async def load(self) -> None:
         """The client's declared capabilities (fetched by the claim query when it could)."""
-        caps = getattr(self.task, "client_caps", None)
-        if isinstance(caps, dict):
-            self._capabilities = dict(caps)
+        if hasattr(self.task, "client_caps"):
+            # Fetched by the claim; None when the task has no session (left, or enqueued without one).
+            caps = self.task.client_caps
+            self._capabilities = dict(caps) if isinstance(caps, dict) else {}
             return
         session = await self._session()
         self._capabilities = dict(session.client_capabilities) if session else {}
@@ -267,6 +276,9 @@ class Worker:
         self._last_cleanup = 0.0
         self._last_reap = 0.0
         self._bg: set[asyncio.Future[Any]] = set()
+        #: Outcomes waiting for the batch writer, and the writer while it runs.
+        self._outcomes: list[tuple[Task, Outcome, asyncio.Future[bool]]] = []
+        self._writer: asyncio.Future[None] | None = None
         #: Sync tools run here (never in the default executor, which others share).
         self.tool_executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="mcptasks-tool")
         self._lease = _LeaseThread()
@@ -667,16 +679,20 @@ class Worker:
         fut.add_done_callback(self._bg.discard)
 
     async def _execute(self, task: Task, backend: WorkerBackend) -> None:
+        outcome = await self._run(task, backend)
+        if outcome is not None:
+            await self._finish(task, outcome)
+
+    async def _run(self, task: Task, backend: WorkerBackend) -> Outcome | None:
+        """Run the tool; how the run ended (None: nothing to write: cancelled, superseded, handed back)."""
         tool = self.registry.get_tool(task.tool_name)
-        attempt = task.attempt
         if tool is None:
-            await self._finish(task, attempt, TaskStatus.FAILED, f"Unknown tool: {task.tool_name}", None,
-                               {"code": INTERNAL_ERROR, "message": f"Unknown tool: {task.tool_name}"})
-            return
+            msg = f"Unknown tool: {task.tool_name}"
+            return _outcome(task, TaskStatus.FAILED, msg, error={"code": INTERNAL_ERROR, "message": msg})
         await backend.load()
         ctx = ToolContext(
             backend, task_id=task.task_id if task.kind == Task.Kind.TASK else None,
-            request_id=task.request_id, session_id=task.session_id, attempt=attempt,
+            request_id=task.request_id, session_id=task.session_id, attempt=task.attempt,
             tenant=getattr(task, "tenant_slug", None), principal=getattr(task, "principal_ident", None),
         )
         timeout_cm: asyncio.Timeout | None = None
@@ -685,80 +701,88 @@ class Worker:
             async with asyncio.timeout(tool.timeout_s) as timeout_cm:
                 result = await tool.invoke(arguments, ctx, executor=self.tool_executor)
         except ToolInputError as exc:
-            await self._finish(task, attempt, TaskStatus.FAILED, str(exc),
-                               {"content": [{"type": "text", "text": str(exc)}], "isError": True}, None)
-            return
+            return _outcome(task, TaskStatus.FAILED, str(exc),
+                            result={"content": [{"type": "text", "text": str(exc)}], "isError": True})
         except TimeoutError:
             if backend.cancel_flag:
-                return
+                return None
             if timeout_cm is not None and timeout_cm.expired():
                 backend.cancel_flag = True  # a sync tool still in its thread sees ctx.cancelled
                 msg = f"Tool {tool.name} timed out after {tool.timeout_s:g}s"
             else:
                 msg = "Tool execution failed: TimeoutError"
-            await self._finish(task, attempt, TaskStatus.FAILED, msg, None, {"code": INTERNAL_ERROR, "message": msg})
-            return
+            return _outcome(task, TaskStatus.FAILED, msg, error={"code": INTERNAL_ERROR, "message": msg})
         except asyncio.CancelledError:
             if backend.cancel_flag or self.stopping:
-                return  # cancelled, superseded or handed back: any late outcome is discarded
+                return None  # cancelled, superseded or handed back: any late outcome is discarded
             raise
         except ToolCancelled as exc:
             if backend.cancel_flag or self.stopping or not await _db(backend._still_ours)():
-                return
+                return None
             # The tool gave up on its own (e.g. its pending request vanished): a failure.
             msg = f"Tool execution failed: {exc}"
-            await self._finish(task, attempt, TaskStatus.FAILED, msg, None, {"code": INTERNAL_ERROR, "message": msg})
-            return
+            return _outcome(task, TaskStatus.FAILED, msg, error={"code": INTERNAL_ERROR, "message": msg})
         except McpError as exc:
             if backend.cancel_flag:
-                return
-            await self._finish(task, attempt, TaskStatus.FAILED, f"Tool execution failed: {exc.message}", None,
-                               exc.to_error())
-            return
+                return None
+            return _outcome(task, TaskStatus.FAILED, f"Tool execution failed: {exc.message}", error=exc.to_error())
         except Exception as exc:
             if backend.cancel_flag:
-                return
+                return None
             logger.exception("tool %s crashed in task %s", tool.name, task.task_id)
             msg = f"Tool execution failed: {type(exc).__name__}: {exc}"
             if task.kind == Task.Kind.REQUEST:
-                await self._finish(task, attempt, TaskStatus.FAILED, msg,
-                                   {"content": [{"type": "text", "text": msg}], "isError": True}, None)
-            else:
-                await self._finish(task, attempt, TaskStatus.FAILED, msg, None,
-                                   {"code": INTERNAL_ERROR, "message": msg})
-            return
+                return _outcome(task, TaskStatus.FAILED, msg,
+                                result={"content": [{"type": "text", "text": msg}], "isError": True})
+            return _outcome(task, TaskStatus.FAILED, msg, error={"code": INTERNAL_ERROR, "message": msg})
         if backend.cancel_flag:
-            return
+            return None
         if result.get("isError"):
             text = next((c.get("text") for c in result.get("content", []) if c.get("type") == "text"), None)
-            await self._finish(task, attempt, TaskStatus.FAILED, f"Tool returned an error: {text or 'isError'}",
-                               result, None)
-        else:
-            await self._finish(task, attempt, TaskStatus.COMPLETED, None, result, None)
+            return _outcome(task, TaskStatus.FAILED, f"Tool returned an error: {text or 'isError'}", result=result)
+        return _outcome(task, TaskStatus.COMPLETED, None, result=result)
 
-    async def _finish(
-        self, task: Task, attempt: int, status: str, message: str | None,
-        result: dict[str, Any] | None, error: dict[str, Any] | None,
-    ) -> None:
-        problem = storable_problem(result)
+    async def _finish(self, task: Task, outcome: Outcome) -> None:
+        """Write a run's outcome: queued to the batch writer, returns once it is committed."""
+        problem = storable_problem(outcome.result)
         if problem is not None:
             # Checked before the write: an unstorable result fails the task at once with a clear
             # message, instead of raising inside the final write and waiting for the lease.
             logger.warning("task %s: tool %s returned a result that cannot be stored: %s",
                            task.task_id, task.tool_name, problem)
-            status, result = TaskStatus.FAILED, None
             message = f"Tool returned a result that cannot be stored: {problem}"
-            error = {"code": INTERNAL_ERROR, "message": message}
-        ok = await self._write_outcome(task, attempt, status, message, result, error)
-        if not ok:
+            outcome = _outcome(task, TaskStatus.FAILED, message, error={"code": INTERNAL_ERROR, "message": message})
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._outcomes.append((task, outcome, done))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.ensure_future(self._write_outcomes())
+        # Shielded: a run cancelled while its outcome is being written does not cancel the write.
+        if not await asyncio.shield(done):
             logger.info("late outcome of task %s attempt %d discarded (no longer live or superseded)",
-                        task.task_id, attempt)
+                        task.task_id, outcome.attempt)
 
-    async def _write_outcome(
-        self, task: Task, attempt: int, status: str, message: str | None,
-        result: dict[str, Any] | None, error: dict[str, Any] | None,
-    ) -> bool:
-        """Write a run's outcome, retrying through a database outage while the lease lasts.
+    async def _write_outcomes(self) -> None:
+        """Write queued outcomes, a batch per transaction, until the queue is empty.
+
+        Outcomes that arrive while a batch is being written form the next batch, so a busy
+        worker writes many per transaction and an idle one writes each at once.
+        """
+        while self._outcomes:
+            batch, self._outcomes = self._outcomes[:FINISH_BATCH], self._outcomes[FINISH_BATCH:]
+            try:
+                written = await self._write_batch([(t, o) for t, o, _d in batch])
+            except Exception as exc:
+                logger.exception("writing %d outcomes failed", len(batch))
+                for _t, _o, done in batch:
+                    if not done.done():
+                        done.set_exception(exc)
+                continue
+            for (_t, _o, done), ok in zip(batch, written, strict=True):
+                if not done.done():
+                    done.set_result(ok)
+
+    async def _write_batch(self, runs: list[tuple[Task, Outcome]]) -> list[bool]:
+        """Write outcomes, retrying through a database outage while the lease lasts.
 
         A tool that succeeded must not be reported lost (or re-run) because the database was
         briefly away when it finished: the write is retried with backoff for up to one lease
@@ -768,16 +792,14 @@ class Worker:
         delay = 0.2
         while True:
             try:
-                return bool(await _db(services.transition)(
-                    task=task, to=status, status_message=message, result=result, error=error, attempt=attempt
-                ))
+                return list(await _db(services.finish_runs)(runs=runs))
             except (OperationalError, InterfaceError) as exc:
                 if asyncio.get_running_loop().time() + delay > deadline:
-                    logger.error("task %s: giving up writing its outcome (%s); its lease will lapse",
-                                 task.task_id, type(exc).__name__)
-                    return False
-                logger.warning("task %s: database unavailable writing its outcome (%s); retrying in %.1f s",
-                               task.task_id, type(exc).__name__, delay)
+                    logger.error("giving up writing %d outcomes (%s); their leases will lapse",
+                                 len(runs), type(exc).__name__)
+                    return [False] * len(runs)
+                logger.warning("database unavailable writing %d outcomes (%s); retrying in %.1f s",
+                               len(runs), type(exc).__name__, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 

@@ -9,8 +9,12 @@ so two processes can never both take the last slot. Nothing is read and then wri
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
+
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, Value
+from django.db.models.functions import Greatest
 
 from .exceptions import QuotaExceeded
 from .models import Principal, Tenant
@@ -68,8 +72,20 @@ def release_task_slot(*, tenant_id: int, principal_id: int) -> None:
     Call exactly once per acquired slot, in the transaction that makes the task terminal.
     Counters never go below zero.
     """
-    Tenant.objects.filter(pk=tenant_id, active_tasks__gt=0).update(active_tasks=F("active_tasks") - 1)
-    Principal.objects.filter(pk=principal_id, active_tasks__gt=0).update(active_tasks=F("active_tasks") - 1)
+    release_task_slots(slots=[(tenant_id, principal_id)])
+
+
+def release_task_slots(*, slots: Iterable[tuple[int, int]]) -> None:
+    """Give back several slots at once: ``slots`` names (tenant_id, principal_id) once per slot.
+
+    One UPDATE per tenant and per principal, in key order (concurrent releasers never deadlock).
+    """
+    taken = list(slots)
+    for model, counts in ((Tenant, Counter(t for t, _ in taken)), (Principal, Counter(p for _, p in taken))):
+        for pk in sorted(counts):
+            model.objects.filter(pk=pk, active_tasks__gt=0).update(
+                active_tasks=Greatest(F("active_tasks") - counts[pk], Value(0))
+            )
 
 
 def recount_active_tasks(*, tenant_id: int | None = None, kinds: tuple[str, ...] = ("task", "request")) -> int:

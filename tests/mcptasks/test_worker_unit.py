@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from mcptasks.models import Task, TaskStatus
+from mcptasks.models import Outcome, Task, TaskStatus
 from mcptasks.registry import Registry
 from mcptasks.worker import WORKER_LOST, Worker, tool_lock_key
 from tests.support.factories import task_row
@@ -163,17 +163,18 @@ def test_outcome_write_is_retried_through_a_database_outage(monkeypatch: pytest.
 
     calls: list[int] = []
 
-    def flaky_transition(**kwargs: Any) -> bool:
+    def flaky_finish(*, runs: list[Any]) -> list[bool]:
         calls.append(1)
         if len(calls) < 3:
             raise OperationalError("the database system is shutting down")
-        return True
+        return [True] * len(runs)
 
-    monkeypatch.setattr(svc, "transition", flaky_transition)
+    monkeypatch.setattr(svc, "finish_runs", flaky_finish)
     worker = Worker(concurrency=1, run_cleanup=False)
-    task: Any = types.SimpleNamespace(task_id="t-1")  # only passed through to the patched transition
-    ok = asyncio.run(worker._write_outcome(task, 1, "completed", None, {"content": []}, None))
-    assert ok is True and len(calls) == 3
+    task: Any = types.SimpleNamespace(task_id="t-1", pk=1, attempt=1)  # only passed through
+    outcome = Outcome(pk=1, attempt=1, status="completed", result={"content": []})
+    ok = asyncio.run(worker._write_batch([(task, outcome)]))
+    assert ok == [True] and len(calls) == 3
 
 
 @pytest.mark.django_db
@@ -213,3 +214,42 @@ def test_plain_calls_take_a_quota_slot() -> None:
                         progress_token=None, kind=Task.Kind.REQUEST, stream_id="p" + "2" * 16)
     svc.transition(task=first, to="completed", result={"content": []})
     assert Tenant.objects.get(pk=tenant.pk).active_tasks == 0
+
+
+@pytest.mark.django_db
+def test_a_batch_of_outcomes_writes_only_current_live_runs() -> None:
+    """Issue 14: many outcomes in one transaction, each with the rules of a single transition."""
+    from mcptasks import services as svc
+    from mcptasks.models import AuditEvent, Task
+    from tenants.models import Principal, Tenant
+    from tests.support.factories import make_auth, make_session, make_task
+
+    auth = make_auth()
+    session = make_session(auth)
+    done, failed, superseded, cancelled = (make_task(auth, session) for _ in range(4))
+    Task.objects.filter(pk__in=[done.pk, failed.pk, cancelled.pk]).update(attempt=1)
+    Task.objects.filter(pk=superseded.pk).update(attempt=2)  # another run took it over
+    assert svc.cancel_task(auth=auth, task_id=cancelled.task_id).status == "cancelled"
+    for t in (done, failed, superseded, cancelled):
+        t.refresh_from_db()
+    runs = [
+        (done, Outcome(pk=done.pk, attempt=1, status="completed", result={"content": [{"type": "text", "text": "ok"}]})),
+        (failed, Outcome(pk=failed.pk, attempt=1, status="failed", message="boom",
+                         error={"code": -32603, "message": "boom"})),
+        (superseded, Outcome(pk=superseded.pk, attempt=1, status="completed", result={"content": []})),
+        (cancelled, Outcome(pk=cancelled.pk, attempt=1, status="completed", result={"content": []})),
+    ]
+    assert svc.finish_runs(runs=runs) == [True, True, False, False]
+    rows = {t.pk: t for t in Task.objects.filter(pk__in=[r[0].pk for r in runs])}
+    assert rows[done.pk].status == "completed" and rows[done.pk].result["content"][0]["text"] == "ok"
+    assert rows[done.pk].finished_at is not None and rows[done.pk].lease_expires_at is None
+    assert rows[failed.pk].status == "failed" and rows[failed.pk].status_message == "boom"
+    assert rows[failed.pk].error == {"code": -32603, "message": "boom"} and rows[failed.pk].result is None
+    assert rows[superseded.pk].status == "working" and rows[superseded.pk].result is None
+    assert rows[cancelled.pk].status == "cancelled" and rows[cancelled.pk].result is None
+    # Slots: 4 taken, 1 given back by the cancel, 2 by the batch; the superseded run holds its own.
+    assert Tenant.objects.get(pk=auth.tenant_id).active_tasks == 1
+    assert Principal.objects.get(pk=auth.principal_id).active_tasks == 1
+    actions = set(AuditEvent.objects.filter(task_id__in=[done.task_id, failed.task_id])
+                  .values_list("task_id", "action"))
+    assert {(done.task_id, "task.completed"), (failed.task_id, "task.failed")} <= actions
