@@ -260,8 +260,15 @@ class Worker:
         worker_id: str | None = None,
         registry_: Registry | None = None,
         run_cleanup: bool = True,
+        burst: bool = False,
+        max_tasks: int | None = None,
     ) -> None:
         s = conf.get()
+        #: Stop once nothing is runnable and nothing runs (``--burst``).
+        self.burst = burst
+        #: Stop after starting this many runs, once they end (``--max-tasks``).
+        self.max_tasks = max_tasks
+        self.started = 0
         self.concurrency = concurrency or s.WORKER_CONCURRENCY
         self.worker_id = worker_id or f"{socket.gethostname()[:40]}-{os.getpid()}-{secrets.token_hex(3)}"
         self.registry = registry_ or registry
@@ -306,9 +313,13 @@ class Worker:
                     await self._maybe_cleanup()
                     await self._maybe_reap()
                     free = self.concurrency - len(self.running)
-                    if free > 0:
-                        for task in await _db(self._claim)(free):
-                            self._start(task)
+                    if self.max_tasks is not None:
+                        free = min(free, self.max_tasks - self.started)
+                    claimed = await _db(self._claim)(free) if free > 0 else []
+                    for task in claimed:
+                        self._start(task)
+                    if self._finished_its_work(claimed):
+                        break
                 except Exception:
                     logger.warning("claim loop failed; retrying after the poll interval", exc_info=True)
                 waiters = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(stop.wait())]
@@ -325,12 +336,22 @@ class Worker:
                 listener.cancel()
                 if sealer is not None:
                     sealer.cancel()
+                    with contextlib.suppress(Exception):
+                        # What this worker's runs appended is chained before it exits.
+                        await self._housekeeping(audit.seal)()
                 await _db(WorkerHeartbeat.objects.filter(worker_id=self.worker_id).delete)()
                 # Abandoned sync tools (handed back) may still run: don't wait for them.
                 self.tool_executor.shutdown(wait=False, cancel_futures=True)
                 self._lease.shutdown()
                 self._housekeeping.shutdown()
                 logger.info("worker %s stopped", self.worker_id)
+
+    def _finished_its_work(self, claimed: list[Task]) -> bool:
+        if self.running or self._outcomes:
+            return False
+        if self.max_tasks is not None and self.started >= self.max_tasks:
+            return True
+        return self.burst and not claimed
 
     async def _drain(self, grace: float) -> None:
         """Let running tools finish within ``grace``; hand the rest back."""
@@ -656,6 +677,7 @@ class Worker:
     # --- running -------------------------------------------------------------------------------
 
     def _start(self, task: Task) -> None:
+        self.started += 1
         backend = WorkerBackend(self, task)
         atask = asyncio.ensure_future(self._execute(task, backend))
         self.running[task.task_id] = (atask, backend, task.attempt)

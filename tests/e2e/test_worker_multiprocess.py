@@ -383,3 +383,31 @@ def test_bulk_tasks_over_four_workers_end_terminal_exactly_once(mp: Stack, procs
     print(f"\n{BULK} tasks over 4 workers in {elapsed:.1f}s ({BULK / elapsed:.0f}/s); per worker {per_worker}")
     for w in workers:
         assert w.terminate(timeout=20) == 0
+    # Issue 14: the audit chains hold after the bulk run (appends take no lock; the sealer chains them).
+    mp.manage("mcptasks_audit", "seal")
+    verified = mp.manage("mcptasks_audit", "verify").stdout
+    assert "BROKEN" not in verified and "OK" in verified, verified
+
+
+def test_max_tasks_and_burst_workers_exit_when_their_work_is_done(tmp_path: Any) -> None:
+    """Issue 14: ``--max-tasks N`` runs N tasks then exits; ``--burst`` exits once nothing is runnable."""
+    require_multiprocess()
+    from tests.support.servers import make_stack
+
+    own, teardown = make_stack(tmp_path)  # a database of its own: no other test's tasks to claim
+    try:
+        own.manage("mcptasks_enqueue", "test_tick", "--count", "7", "--arguments", '{"n": 2}')
+
+        def done() -> list[tuple[Any, ...]]:
+            return sql(own, "SELECT status, attempt FROM mcptasks_task WHERE status = 'completed'")
+
+        own.manage("mcptasks_worker", "--max-tasks", "3", "--concurrency", "2")
+        assert len(done()) == 3
+        own.manage("mcptasks_worker", "--burst", "--concurrency", "4")
+        assert done() == [("completed", 1)] * 7
+        assert sql(own, "SELECT count(*) FROM mcptasks_task WHERE status <> 'completed'")[0][0] == 0
+        # What the runs appended was sealed before the workers exited, and it verifies.
+        out = own.manage("mcptasks_audit", "verify").stdout
+        assert "OK" in out and "unsealed" not in out
+    finally:
+        teardown()

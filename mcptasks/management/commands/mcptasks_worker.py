@@ -8,7 +8,7 @@ import signal
 import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from mcptasks import hardening
 from mcptasks.worker import Worker
@@ -20,13 +20,20 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--concurrency", type=int, default=None, help="Tools run at once (default setting).")
         parser.add_argument("--worker-id", default=None, help="Defaults to <hostname>-<pid>-<random>.")
+        parser.add_argument("--burst", action="store_true",
+                            help="Exit once nothing is runnable and every started run has ended.")
+        parser.add_argument("--max-tasks", type=int, default=None,
+                            help="Start at most this many runs, then exit once they have ended.")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         hardening.require_production_secret_key("worker")
-        asyncio.run(self._main(opts["concurrency"], opts["worker_id"]))
+        if opts["max_tasks"] is not None and opts["max_tasks"] < 1:
+            raise CommandError("--max-tasks must be at least 1")
+        worker = Worker(concurrency=opts["concurrency"], worker_id=opts["worker_id"], burst=opts["burst"],
+                        max_tasks=opts["max_tasks"])
+        asyncio.run(self._main(worker))
 
-    async def _main(self, concurrency: int | None, worker_id: str | None) -> None:
-        worker = Worker(concurrency=concurrency, worker_id=worker_id)
+    async def _main(self, worker: Worker) -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         # SIGTERM/SIGINT: stop claiming, let running tools finish within the grace period,
