@@ -525,6 +525,11 @@ def _delete_batch(flt: Q, batch: int, *, release: bool) -> int:
 # --- workers --------------------------------------------------------------------------------
 
 
+def worker_gone(*, worker_id: str) -> None:
+    """A worker exited cleanly: its heartbeat row goes."""
+    WorkerHeartbeat.objects.filter(worker_id=worker_id).delete()
+
+
 def worker_heartbeat(*, worker_id: str, hostname: str, pid: int, concurrency: int, running: int,
                      stopping: bool = False) -> None:
     """Register or refresh a worker's liveness row."""

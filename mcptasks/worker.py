@@ -23,22 +23,19 @@ import logging
 import os
 import secrets
 import socket
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
-from django.db import InterfaceError, OperationalError, connection, transaction
-from django.db.models import F, OuterRef, Q, Subquery, Window
-from django.db.models.functions import RowNumber
+from django.db import InterfaceError, OperationalError, connection
 from django.utils import timezone
 
 from tenants import conf as tenants_conf
 
 from . import audit, bus, conf, layers, services
 from .context import ToolCancelled, ToolContext
-from .models import LIVE, McpSession, Outcome, Task, TaskMessage, TaskStatus, WorkerHeartbeat
+from .models import LIVE, McpSession, Outcome, Task, TaskMessage, TaskStatus
 from .protocol.errors import CAPABILITY_MISSING, INTERNAL_ERROR, McpError
 from .protocol.jsonrpc import unstorable_string
 from .protocol.messages import related_task_meta
@@ -130,11 +127,6 @@ def _outcome(task: Task, status: str, message: str | None, *, result: dict[str, 
     return Outcome(pk=task.pk, attempt=task.attempt, status=status, message=message, result=result, error=error)
 
 
-def tool_lock_key(tool_name: str) -> int:
-    """A stable signed 32-bit key for ``pg_advisory_xact_lock`` of one tool's concurrency limit."""
-    return zlib.crc32(f"mcptasks.tool:{tool_name}".encode()) - 2**31
-
-
 class WorkerBackend:
     """The :class:`ToolContext` backend for a tool running in this worker."""
 
@@ -168,9 +160,7 @@ class WorkerBackend:
         self._capabilities = dict(session.client_capabilities) if session else {}
 
     def _still_ours(self) -> bool:
-        return Task.objects.filter(
-            pk=self.task.pk, attempt=self.attempt, status__in=LIVE, cancel_requested=False
-        ).exists()
+        return Task.objects.is_current_run(task_id=self.task.task_id, attempt=self.attempt)
 
     async def progress(self, progress: float, total: float | None, message: str | None) -> None:
         token = self.task.progress_token
@@ -339,7 +329,7 @@ class Worker:
                     with contextlib.suppress(Exception):
                         # What this worker's runs appended is chained before it exits.
                         await self._housekeeping(audit.seal)()
-                await _db(WorkerHeartbeat.objects.filter(worker_id=self.worker_id).delete)()
+                await _db(services.worker_gone)(worker_id=self.worker_id)
                 # Abandoned sync tools (handed back) may still run: don't wait for them.
                 self.tool_executor.shutdown(wait=False, cancel_futures=True)
                 self._lease.shutdown()
@@ -380,11 +370,7 @@ class Worker:
 
     def _release(self, handed: list[tuple[str, int]]) -> int:
         """Release our leases at once; the interrupted attempt does not count against the limit."""
-        n = 0
-        for task_id, attempt in handed:
-            n += Task.objects.filter(
-                task_id=task_id, attempt=attempt, worker_id=self.worker_id, status__in=LIVE
-            ).update(lease_expires_at=None, worker_id=None, max_attempts=F("max_attempts") + 1)
+        n = Task.objects.hand_back(worker_id=self.worker_id, runs=handed)
         if n:
             bus.wake_workers()
         return n
@@ -516,32 +502,16 @@ class Worker:
                 logger.warning("heartbeat failed", exc_info=True)
 
     def _renew(self, entries: dict[str, int]) -> list[str]:
-        """Extend every lease we hold in one UPDATE; return the tasks we must stop.
-
-        A task must stop when it was cancelled, finished, or taken over by another attempt.
-        """
+        """Extend every lease we hold in one UPDATE; return the tasks we must stop."""
         lease = timezone.now() + dt.timedelta(seconds=conf.get().WORKER_LEASE_S)
-        ids = list(entries)
-        Task.objects.filter(
-            task_id__in=ids, worker_id=self.worker_id, cancel_requested=False, status__in=LIVE,
-        ).update(lease_expires_at=lease)
-        rows = Task.objects.filter(task_id__in=ids).values_list(
-            "task_id", "attempt", "worker_id", "status", "cancel_requested"
-        )
-        alive = {
-            tid for tid, attempt, wid, status, cancel in rows
-            if wid == self.worker_id and attempt == entries[tid] and status in LIVE and not cancel
-        }
-        return [tid for tid in ids if tid not in alive]
+        return Task.objects.renew(worker_id=self.worker_id, runs=entries, lease_until=lease)
 
     async def _check_cancel(self, task_id: str) -> None:
         entry = self.running.get(task_id)
         if entry is None:
             return
         attempt = entry[2]
-        row = await _db(lambda: Task.objects.filter(task_id=task_id).values(
-            "status", "cancel_requested", "attempt").first())()
-        if row is None or row["cancel_requested"] or row["status"] not in LIVE or row["attempt"] != attempt:
+        if not await _db(Task.objects.is_current_run)(task_id=task_id, attempt=attempt):
             await self._cancel_local(task_id)
 
     async def _cancel_local(self, task_id: str) -> None:
@@ -562,80 +532,13 @@ class Worker:
     # --- claiming ------------------------------------------------------------------------------
 
     def _claim(self, limit: int) -> list[Task]:
-        """Take up to ``limit`` runnable tasks in one short transaction."""
+        """Take up to ``limit`` runnable tasks in one short transaction (see ``TaskQuerySet.claim``)."""
         now = timezone.now()
-        lease = now + dt.timedelta(seconds=conf.get().WORKER_LEASE_S)
-        on_pg = connection.vendor == "postgresql"
-        with transaction.atomic():
-            runnable = (
-                Task.objects.filter(status__in=LIVE, cancel_requested=False)
-                .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
-                .filter(attempt__lt=F("max_attempts"))
-                .filter(Q(run_after__isnull=True) | Q(run_after__lte=now))
-            )
-            if self.running:
-                # A lease of ours that lapsed (a long stall) must not start a second local run.
-                runnable = runnable.exclude(task_id__in=list(self.running))
-            capacity = self._tool_capacity(runnable, now, on_pg)
-            full = [name for name, free in capacity.items() if free <= 0]
-            base = runnable.exclude(tool_name__in=full) if full else runnable
-            # The client's capabilities come along in the same query (tools may ask for them).
-            caps = McpSession.objects.filter(pk=OuterRef("session_id")).values("client_capabilities")[:1]
-            # Fair across tenants: the oldest runnable task of every tenant comes first, then each
-            # tenant's second, and so on, so one tenant's backlog never starves another tenant.
-            # (Ranked without locks; the rows are then locked, re-checked, in that order.)
-            fair = list(
-                base.annotate(turn=Window(RowNumber(), partition_by=[F("tenant_id")], order_by=F("seq").asc()))
-                .order_by("turn", "seq")
-                .values_list("pk", flat=True)[: limit * 4]
-            )
-            position = {pk: i for i, pk in enumerate(fair)}
-            # So are the tenant and principal the tool acts for (ToolContext.tenant / .principal).
-            qs = base.filter(pk__in=fair).order_by("seq").annotate(
-                client_caps=Subquery(caps), tenant_slug=F("tenant__slug"), principal_ident=F("principal__identifier")
-            )
-            if on_pg:
-                qs = qs.select_for_update(skip_locked=True, of=("self",))
-            claimed: list[Task] = []
-            for task in sorted(qs, key=lambda t: position[t.pk]):
-                if len(claimed) >= limit:
-                    break
-                if task.tool_name in capacity:
-                    if capacity[task.tool_name] <= 0:
-                        continue
-                    capacity[task.tool_name] -= 1
-                claimed.append(task)
-            if claimed:
-                # The rows are locked (PostgreSQL) or the database is (SQLite's IMMEDIATE
-                # transaction), so one UPDATE stamps the whole batch.
-                Task.objects.filter(pk__in=[t.pk for t in claimed]).update(
-                    attempt=F("attempt") + 1, worker_id=self.worker_id, lease_expires_at=lease
-                )
-                for stamped in claimed:
-                    stamped.attempt += 1
-                    stamped.worker_id = self.worker_id
-                    stamped.lease_expires_at = lease
-        return claimed
-
-    def _tool_capacity(self, runnable: Any, now: dt.datetime, on_pg: bool) -> dict[str, int]:
-        """Free slots of every tool with ``max_concurrency`` that has runnable tasks.
-
-        On PostgreSQL each such tool's advisory transaction lock is taken (in a fixed order, so
-        two claimers never deadlock) before counting its leased rows: the count and our claims
-        are then atomic with respect to every other worker. SQLite serialises writers anyway.
-        """
-        limited = {t.name: t.max_concurrency for t in self.registry.tools.values() if t.max_concurrency}
-        if not limited:
-            return {}
-        waiting = sorted(set(runnable.filter(tool_name__in=list(limited)).values_list("tool_name", flat=True)))
-        capacity: dict[str, int] = {}
-        for name in waiting:
-            if on_pg:
-                with connection.cursor() as cur:
-                    cur.execute("SELECT pg_advisory_xact_lock(%s)", [tool_lock_key(name)])
-            running = Task.objects.filter(tool_name=name, status__in=LIVE, lease_expires_at__gt=now).count()
-            capacity[name] = int(limited[name] or 0) - running
-        return capacity
+        return Task.objects.claim(
+            worker_id=self.worker_id, limit=limit, now=now,
+            lease_until=now + dt.timedelta(seconds=conf.get().WORKER_LEASE_S), exclude=list(self.running),
+            limited={t.name: t.max_concurrency for t in self.registry.tools.values() if t.max_concurrency},
+        )
 
     async def _maybe_reap(self) -> None:
         loop = asyncio.get_running_loop()
@@ -652,19 +555,9 @@ class Worker:
         instead of racing us; then the failure is written ``WHERE attempt = <that attempt>``.
         """
         now = timezone.now()
-        lost = list(
-            Task.objects.filter(status__in=LIVE, lease_expires_at__lt=now, attempt__gte=1)
-            .filter(attempt__gte=F("max_attempts"))
-            .order_by("seq")[:100]
-        )
+        lease = now + dt.timedelta(seconds=conf.get().WORKER_LEASE_S)
         failed = 0
-        for task in lost:
-            took = Task.objects.filter(
-                pk=task.pk, attempt=task.attempt, status__in=LIVE, lease_expires_at__lt=now
-            ).update(worker_id=f"reaper:{self.worker_id}"[:64],
-                     lease_expires_at=now + dt.timedelta(seconds=conf.get().WORKER_LEASE_S))
-            if not took:
-                continue
+        for task in Task.objects.take_over_lost(reaper_id=f"reaper:{self.worker_id}", now=now, lease_until=lease):
             ok = services.transition(
                 task=task, to=TaskStatus.FAILED, status_message=WORKER_LOST,
                 error={"code": INTERNAL_ERROR, "message": WORKER_LOST}, attempt=task.attempt,

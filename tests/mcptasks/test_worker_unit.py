@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from mcptasks.models import Outcome, Task, TaskStatus
+from mcptasks.models import Outcome, Task, TaskStatus, tool_lock_key
 from mcptasks.registry import Registry
-from mcptasks.worker import WORKER_LOST, Worker, tool_lock_key
+from mcptasks.worker import WORKER_LOST, Worker
 from tests.support.factories import task_row
 
 pytestmark = pytest.mark.django_db
@@ -233,7 +233,8 @@ def test_a_batch_of_outcomes_writes_only_current_live_runs() -> None:
     for t in (done, failed, superseded, cancelled):
         t.refresh_from_db()
     runs = [
-        (done, Outcome(pk=done.pk, attempt=1, status="completed", result={"content": [{"type": "text", "text": "ok"}]})),
+        (done, Outcome(pk=done.pk, attempt=1, status="completed",
+                       result={"content": [{"type": "text", "text": "ok"}]})),
         (failed, Outcome(pk=failed.pk, attempt=1, status="failed", message="boom",
                          error={"code": -32603, "message": "boom"})),
         (superseded, Outcome(pk=superseded.pk, attempt=1, status="completed", result={"content": []})),
