@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -48,8 +49,11 @@ class EmbeddedRuntime:
             self.worker = Worker(run_cleanup=False)
             self._tasks.append(asyncio.ensure_future(self.worker.run()))
             logger.info("embedded worker started")
-        self._tasks.append(asyncio.ensure_future(self._cleanup_loop()))
-        self._tasks.append(asyncio.ensure_future(self._seal_loop()))
+        self._tasks.append(asyncio.ensure_future(
+            self._every(lambda: conf.get().CLEANUP_INTERVAL_S, services.cleanup_expired, "periodic cleanup")))
+        # Any process may seal; the sealer's own lock lets one at a time do it.
+        self._tasks.append(asyncio.ensure_future(
+            self._every(lambda: conf.get().AUDIT_SEAL_INTERVAL_S, audit.seal, "sealing the audit log")))
         self._install_shutdown_hook()
 
     def _install_shutdown_hook(self) -> None:
@@ -87,19 +91,11 @@ class EmbeddedRuntime:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
 
-    async def _seal_loop(self) -> None:
-        # Any process may seal; the sealer's own lock lets one at a time do it.
+    @staticmethod
+    async def _every(interval: Callable[[], float], job: Callable[[], Any], what: str) -> None:
         while True:
-            await asyncio.sleep(conf.get().AUDIT_SEAL_INTERVAL_S)
+            await asyncio.sleep(interval())
             try:
-                await sync_to_async(audit.seal)()
+                await sync_to_async(job)()
             except Exception:
-                logger.warning("sealing the audit log failed", exc_info=True)
-
-    async def _cleanup_loop(self) -> None:
-        while True:
-            await asyncio.sleep(conf.get().CLEANUP_INTERVAL_S)
-            try:
-                await sync_to_async(services.cleanup_expired)()
-            except Exception:
-                logger.warning("periodic cleanup failed", exc_info=True)
+                logger.warning("%s failed", what, exc_info=True)
