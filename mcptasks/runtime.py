@@ -96,6 +96,8 @@ class EmbeddedRuntime:
         while True:
             await asyncio.sleep(interval())
             try:
-                await sync_to_async(job)()
+                # Not in the thread-sensitive executor that request ORM calls share: a long
+                # cleanup or sealing pass must not queue requests behind it.
+                await sync_to_async(job, thread_sensitive=False)()
             except Exception:
                 logger.warning("%s failed", what, exc_info=True)

@@ -217,3 +217,12 @@ def test_concurrent_appends_and_sealers_never_fork_a_chain() -> None:
     seqs = list(AuditEvent.objects.filter(chain=auth.tenant_id).values_list("chain_seq", flat=True))
     assert sorted(seqs) == list(range(1, 161))
     assert _verify(auth).ok
+
+
+def test_a_malformed_anchors_file_is_a_clear_error(auth: AuthContext, tmp_path: Any) -> None:
+    _chain_of_five(auth)
+    bad = tmp_path / "anchors.jsonl"
+    for text in ('{"chain": 1}\n', "not json\n", '{"chain": "x", "seq": 1, "head": "", "kind": "head", "at": "no"}\n'):
+        bad.write_text(text)
+        with pytest.raises(CommandError, match="cannot read anchors"):
+            call_command("mcptasks_audit", "verify", "--anchors", str(bad), stdout=io.StringIO())

@@ -55,7 +55,12 @@ class Command(BaseCommand):
             try:
                 with open(opts["anchors"], encoding="utf-8") as fh:
                     external = [json.loads(line) for line in fh if line.strip()]
-            except (OSError, ValueError) as exc:
+                for anchor in external:
+                    if not isinstance(anchor, dict) or not {"chain", "seq", "head", "kind", "at"} <= anchor.keys():
+                        raise ValueError("each line must be an exported anchor (chain, seq, head, kind, at, signature)")
+                    dt.datetime.fromisoformat(str(anchor["at"]))
+                    int(anchor["chain"]), int(anchor["seq"])
+            except (OSError, ValueError, TypeError) as exc:
                 raise CommandError(f"cannot read anchors: {exc}") from None
         only = self._chain(opts["tenant"])
         names = dict(Tenant.objects.values_list("pk", "slug"))
