@@ -77,7 +77,7 @@ class Target:
         return h
 
     def send(self, method: str, body: bytes, headers: dict[str, str]) -> tuple[int, str, bytes]:
-        """Send one request; read a JSON answer whole, an SSE answer only up to its first message.
+        """Send one request; read a JSON answer whole, an SSE answer only up to its first whole message.
 
         A GET that is accepted opens the session's standalone stream, which stays open (priming
         event, then keep-alives): it is read only up to its priming event.
@@ -88,11 +88,21 @@ class Target:
             data = b""
             for chunk in resp.iter_bytes():
                 data += chunk
-                if sse and (b"data: {" in data or (method != "POST" and b"\n\n" in data)):
+                if sse and (_first_message_complete(data) or (method != "POST" and b"\n\n" in data)):
                     break
                 if len(data) > 1_000_000:
                     break
             return resp.status_code, content_type, data
+
+
+def _first_message_complete(data: bytes) -> bool:
+    """Whether the SSE bytes so far hold a whole event carrying a JSON message.
+
+    A message can span many reads (a 70,000-character request id is echoed back), so stopping at
+    the first ``data: {`` would cut it short.
+    """
+    start = data.find(b"data: {")
+    return start >= 0 and data.find(b"\n\n", start) >= 0
 
 
 def check(status: int, content_type: str, body: bytes) -> None:
