@@ -1,6 +1,9 @@
 from typing import Any
 
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate, post_save
+
+from tenants.roles import AUDITOR_GROUP, TENANT_ADMIN_GROUP
 
 
 class McpTasksConfig(AppConfig):
@@ -18,6 +21,10 @@ class McpTasksConfig(AppConfig):
         from . import checks  # noqa: F401  (registers system checks)
 
         security_event.connect(_audit_security_event, dispatch_uid="mcptasks.audit_security_event")
+        post_migrate.connect(_operator_groups, sender=self, dispatch_uid="mcptasks.operator_groups")
+        from django.contrib.admin.models import LogEntry
+
+        post_save.connect(_audit_other_admin_change, sender=LogEntry, dispatch_uid="mcptasks.audit_log_entry")
 
         # Tools, resources and prompts live in each installed app's tools.py, like admin.py.
         autodiscover_modules("tools")
@@ -28,3 +35,36 @@ def _audit_security_event(*, action: str, tenant_id: int | None, data: dict[str,
     from .services import record_audit_ids
 
     record_audit_ids(tenant_id=tenant_id, principal_id=None, action=action, data=data)
+
+
+#: This app's permissions for the operator groups of tenants/roles.py.
+GROUP_PERMISSIONS: dict[str, tuple[str, ...]] = {
+    AUDITOR_GROUP: ("view_task", "view_auditevent", "view_auditanchor", "view_mcpsession", "view_workerheartbeat"),
+    TENANT_ADMIN_GROUP: ("view_task", "cancel_task", "view_auditevent", "view_mcpsession", "view_workerheartbeat"),
+}
+
+
+def _operator_groups(**_: Any) -> None:
+    """Give the operator groups this app's permissions (after every migrate)."""
+    from tenants.roles import grant_group_permissions
+
+    grant_group_permissions("mcptasks", GROUP_PERMISSIONS)
+
+
+def _audit_other_admin_change(*, instance: Any, created: bool, **_: Any) -> None:
+    """Admin changes to models of other apps (users, groups, OAuth applications) into the audit trail.
+
+    The two apps' own admins audit their changes in detail (before/after, per tenant); for the
+    rest Django's admin log entry says who changed what (chain 0: no tenant).
+    """
+    from .services import record_audit_ids
+
+    if not created or instance.content_type is None or instance.content_type.app_label in ("tenants", "mcptasks"):
+        return
+    action = {1: "admin.add", 2: "admin.change", 3: "admin.delete"}.get(instance.action_flag, "admin.change")
+    record_audit_ids(tenant_id=None, principal_id=None, action=action, data={
+        "operator": instance.user.get_username()[:150], "operator_id": instance.user_id,
+        "model": f"{instance.content_type.app_label}.{instance.content_type.model}",
+        "object_id": str(instance.object_id or "")[:64], "object": instance.object_repr[:200],
+        "change_message": instance.get_change_message()[:500],
+    })

@@ -56,6 +56,23 @@ class AppSettings:
     AUDIT_ANCHOR_RETENTION_S: int = setting(
         86400, "Head anchors older than this are deleted by cleanup (the newest of each chain is always kept)."
     )
+    AUDIT_REFUSAL_EVERY_S: float = setting(
+        10.0,
+        "Refusals (authentication failures, 429s, quota and scope refusals, failed lookups) are audited at most "
+        "once per this many seconds per kind and principal (or client IP) and process; the next event carries "
+        "how many were not written (`suppressed`).",
+    )
+    WATCH_WINDOW_S: int = setting(60, "Window of the suspicious-pattern counters.")
+    WATCH_LOOKUP_FAILURES: int = setting(
+        20, "Missing-task lookups by one principal within the window that flag enumeration (`flag.enumeration`)."
+    )
+    WATCH_FAST_POLLS: int = setting(
+        30, "Polls sooner than `pollInterval` by one principal within the window that flag `flag.fast_polling` "
+        "(noticed where the tenant has a read rate limit: poll notes are kept only then).",
+    )
+    WATCH_AUTH_FAILURES: int = setting(
+        10, "Authentication failures from one client IP within the window that flag `flag.auth_failures`."
+    )
     CLEANUP_BATCH_SIZE: int = setting(500, "Rows deleted per cleanup transaction.")
     EMBEDDED_WORKER: bool = setting(False, "Run the worker inside the web process.", shown="`0` (`1` under `serve`)")
     WORKER_CONCURRENCY: int = setting(8, "Tools a worker runs at once.")

@@ -16,7 +16,7 @@ from django.core import signing
 
 from tenants.auth import AuthContext
 
-from . import conf, selectors, services
+from . import conf, selectors, services, watch
 from .models import McpSession, Task
 from .protocol import versions
 from .protocol.dispatch import Dispatcher
@@ -228,10 +228,7 @@ async def _lookup(ctx: RequestContext, task_id: str, method: str, *, status_only
     try:
         return await selectors.aget_task(auth=ctx.auth, task_id=task_id, status_only=status_only)
     except McpError as exc:
-        await sync_to_async(services.record_audit)(
-            auth=ctx.auth, action="task.lookup_failed",
-            data={"method": method, "taskId": task_id[:100], "error": exc.message},
-        )
+        await watch.alookup_failed(auth=ctx.auth, method=method, task_id=task_id, error=exc.message)
         raise
 
 

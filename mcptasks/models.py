@@ -337,6 +337,7 @@ class Task(models.Model):
             models.Index(fields=["status", "lease_expires_at"], name="task_claim_idx"),
             models.Index(fields=["tenant", "principal", "kind", "seq"], name="task_list_idx"),
         ]
+        permissions = [("cancel_task", "Can cancel a task (as tasks/cancel does, audited)")]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.task_id[:8]}… {self.status}"

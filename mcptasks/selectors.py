@@ -14,8 +14,8 @@ from django.utils import timezone
 
 from tenants.auth import AuthContext
 
-from . import fastreads
-from .models import McpSession, Task, TaskMessage
+from . import conf, fastreads
+from .models import McpSession, Task, TaskMessage, WorkerHeartbeat
 from .protocol.errors import INVALID_PARAMS, TASK_EXPIRED, TASK_NOT_FOUND, McpError, invalid_params
 
 _CURSOR_SALT = "mcptasks.tasks.list"
@@ -149,3 +149,22 @@ def task_by_request(*, session_id: str, request_id: Any) -> Task | None:
         .order_by("-seq")
         .first()
     )
+
+
+# --- operators ------------------------------------------------------------------------------
+
+#: Audit actions that record a refusal or a failed attempt (the dashboard and filters use them).
+REFUSAL_ACTIONS = (
+    "auth.failed", "auth.scope_refused", "ratelimit.refused", "quota.refused", "task.lookup_failed",
+    "task.cross_tenant", "oauth.invalid_scope", "oauth.not_member", "login.throttled",
+)
+
+
+def worker_is_alive(worker: WorkerHeartbeat, *, now: dt.datetime) -> bool:
+    """A worker is alive while its last heartbeat is within one lease."""
+    return worker.last_seen_at >= now - dt.timedelta(seconds=conf.get().WORKER_LEASE_S)
+
+
+def alive_workers(*, now: dt.datetime) -> Any:
+    """Workers whose heartbeat is within one lease."""
+    return WorkerHeartbeat.objects.filter(last_seen_at__gte=now - dt.timedelta(seconds=conf.get().WORKER_LEASE_S))

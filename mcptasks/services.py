@@ -333,6 +333,26 @@ def cancel_task(*, auth: AuthContext, task_id: str) -> Task:
     return task
 
 
+def cancel_task_as_operator(*, operator: Any, task: Task) -> Task:
+    """Cancel ``task`` from the admin: the same path as ``tasks/cancel``, plus who did it.
+
+    The caller has checked that ``operator`` manages the task's tenant. The transition is
+    audited like any cancellation; ``admin.cancel`` records the operator.
+    """
+    auth = AuthContext(
+        tenant_id=task.tenant_id, tenant_slug=task.tenant.slug, principal_id=task.principal_id,
+        principal_name=str(task.principal), scopes=frozenset({"mcp:tasks", "mcp:tasks:tenant"}),
+        credential_ref=f"operator:{operator.pk}",
+    )
+    cancelled = cancel_task(auth=auth, task_id=task.task_id)
+    record_audit_ids(
+        tenant_id=task.tenant_id, principal_id=None, action="admin.cancel", task_id=task.task_id,
+        data={"operator": operator.get_username()[:150], "operator_id": operator.pk, "model": "mcptasks.task",
+              "object_id": task.task_id},
+    )
+    return cancelled
+
+
 def cancel_request(*, session: McpSession, request_id: str | int) -> bool:
     """``notifications/cancelled`` for a plain in-flight ``tools/call`` of this session."""
     from .selectors import task_by_request
@@ -506,17 +526,23 @@ def _delete_batch(flt: Q, batch: int, *, release: bool) -> int:
         qs = Task.objects.filter(flt).order_by("seq")
         if connection.vendor == "postgresql":
             qs = qs.select_for_update(skip_locked=True)
-        rows = list(qs.values_list("seq", "status", "tenant_id", "principal_id", "task_id")[:batch])
+        rows = list(qs.values_list("seq", "status", "tenant_id", "principal_id", "task_id", "kind")[:batch])
         if not rows:
             return 0
         seqs = [r[0] for r in rows]
         TaskMessage.objects.filter(task_id__in=seqs).delete()
         deleted = Task.objects.filter(seq__in=seqs).delete()[1].get("mcptasks.Task", 0)
+        # Tasks (not plain requests) leave the trail in the same transaction as they leave the store.
+        audit.append_many(
+            audit.event(tenant_id=tenant_id, principal_id=principal_id, action="task.expired", task_id=task_id,
+                        data={"status": status})
+            for _seq, status, tenant_id, principal_id, task_id, kind in rows if kind == Task.Kind.TASK
+        )
         if release:
-            for _seq, status, tenant_id, principal_id, _tid in rows:
+            for _seq, status, tenant_id, principal_id, _tid, _kind in rows:
                 if status not in (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED):
                     quotas.release_task_slot(tenant_id=tenant_id, principal_id=principal_id)
-    for _seq, status, _t, _p, task_id in rows:
+    for _seq, status, _t, _p, task_id, _kind in rows:
         if status not in (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED):
             bus.signal_task(task_id, "cancel")
     return int(deleted)

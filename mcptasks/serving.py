@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
+from pathlib import Path
+
+from django.conf import settings
 
 from tenants import conf as tenant_conf
 
@@ -40,9 +45,40 @@ class DevServer:
             )
         return self._token
 
+    def operator_login(self) -> tuple[str, str | None]:
+        """(username, password) of the development operator, created on first start.
+
+        The password is kept in ``VAR_DIR/dev-operator.json`` (mode 0600, beside the embedded
+        database) so every start can print it; None once somebody changed it.
+        """
+        from django.contrib.auth import get_user_model
+
+        user_model = get_user_model()
+        path = Path(settings.VAR_DIR) / "dev-operator.json"
+        stored = json.loads(path.read_text()) if path.exists() else None
+        if stored is None:
+            username, password = "operator", secrets.token_urlsafe(12)
+            user = user_model.objects.filter(username=username).first()
+            if user is None:
+                user_model.objects.create_superuser(username=username, password=password, email="")
+            else:
+                user.set_password(password)
+                user.save(update_fields=["password"])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch(mode=0o600)
+            path.write_text(json.dumps({"username": username, "password": password}))
+            stored = {"username": username, "password": password}
+        user = user_model.objects.filter(username=stored["username"]).first()
+        valid = user is not None and user.check_password(stored["password"])
+        return stored["username"], stored["password"] if valid else None
+
     def banner(self) -> list[str]:
         """What ``serve`` prints before serving."""
         token = self.dev_token()
+        username, password = self.operator_login()
+        base = self.url.removesuffix(tenant_conf.get().MCP_PATH)
+        login = f"user {username!r}, password {password!r}" if password else (
+            f"user {username!r} (password changed; reset it with: manage.py changepassword {username})")
         return [
             f"mcptasks is serving the MCP endpoint at {self.url}",
             "Embedded worker: " + ("on" if conf.get().EMBEDDED_WORKER else "off"),
@@ -52,6 +88,7 @@ class DevServer:
             "-d '" + INIT_BODY + "'",
             f"MCP URL: {self.url}",
             f"Dev token (Authorization: Bearer ...): {token}",
+            f"Operator console: {base}/admin/ ({login}); dashboard: {base}/admin/dashboard/",
         ]
 
     def run(self) -> None:

@@ -8,6 +8,7 @@ switch to PostgreSQL (psycopg 3), channels-redis and the Redis cache.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -47,6 +48,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
     "oauth2_provider",
     "channels",
     "tenants",
@@ -61,6 +64,8 @@ INSTALLED_APPS += list(_deploy.EXTRA_APPS)
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files (the admin's CSS/JS, the dashboard's vendored charts) under every ASGI server.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -168,6 +173,16 @@ USE_TZ = True
 FORMS_URLFIELD_ASSUME_HTTPS = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
+# WhiteNoise serves STATIC_ROOT (``manage.py collectstatic``, compressed copies included) and,
+# through the finders, each app's static folder, so a fresh clone is styled without a build step.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = True
+# WhiteNoise warns about a missing STATIC_ROOT; before the first collectstatic it is empty.
+with contextlib.suppress(OSError):
+    STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LOGGING = {
@@ -213,6 +228,31 @@ OAUTH2_PROVIDER = {
     "OIDC_ISS_ENDPOINT": "{0.scheme}://{0.netloc}".format(urlsplit(_PUBLIC_URL)) if _PUBLIC_URL else "",
 }
 LOGIN_URL = "/accounts/login/"
+
+# The audit-review API (mcptasks/api.py): operators' credentials, read-only, OpenAPI described.
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+        # HTTP Basic, with the sign-in pages' failed-password budgets (mcptasks/api_auth.py).
+        "mcptasks.api_auth.ThrottledBasicAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.UserRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {"user": "600/min"},
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "mcptasks audit review API",
+    "DESCRIPTION": "A tenant's audit events and tasks, for its auditors and tenant admins.",
+    "VERSION": "1",
+    "SCHEMA_PATH_PREFIX": "/api/",
+    "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI from drf-spectacular-sidecar: no CDN, works offline.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
 
 # --- tenants app (Tenants and OAuth; typed defaults in tenants/conf.py) ---
 # Named explicitly so migrations that point at DOT's (swappable) application model resolve.

@@ -3,14 +3,24 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from tenants.oauth import ThrottledLoginView
+from tenants.oauth import ThrottledLoginView, throttled_admin_login
 
-from . import views
+from . import api, views
+
+# The admin's sign-in shares the failed-password budgets of every other sign-in.
+admin.site.login = throttled_admin_login(admin.site.login)  # type: ignore[method-assign]
 
 urlpatterns = [
+    path("admin/dashboard/", admin.site.admin_view(views.dashboard_view), name="dashboard"),
     path("admin/", admin.site.urls),
+    # The audit-review API, its OpenAPI schema and docs (assets served locally).
+    path("api/", include(api.router.urls)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("healthz", views.healthz, name="healthz"),
+    path("readyz", views.readyz, name="readyz"),
     path("metrics", views.metrics_view, name="metrics"),
     # Sign-in for the authorization-code flow of interactive MCP clients (users need no admin access).
     path("accounts/login/", ThrottledLoginView.as_view(), name="login"),

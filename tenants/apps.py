@@ -1,4 +1,7 @@
+from typing import Any
+
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
 
 
 class TenantsConfig(AppConfig):
@@ -12,3 +15,11 @@ class TenantsConfig(AppConfig):
         from . import auth_cache, checks  # noqa: F401  (checks registers system checks)
 
         auth_cache.connect_invalidation()
+        post_migrate.connect(_operator_groups, sender=self, dispatch_uid="tenants.operator_groups")
+
+
+def _operator_groups(**_: Any) -> None:
+    """The auditor and tenant-admin groups with this app's permissions (after every migrate)."""
+    from .roles import TENANT_GROUP_PERMISSIONS, grant_group_permissions
+
+    grant_group_permissions("tenants", TENANT_GROUP_PERMISSIONS)

@@ -112,3 +112,27 @@ def member(*, slug: str, username: str, scopes: list[str] | None = None) -> list
         raise CliError(f"no user {username!r}")
     membership = add_member(tenant=tenant, user=user, scopes=scopes)
     return [f"member {username} of {slug}: {membership.allowed_scopes}"]
+
+
+def operator(*, username: str, role: str, slug: str | None) -> list[str]:
+    """Make ``username`` (created with a printed password if new) an auditor or tenant admin."""
+    import secrets as _secrets
+
+    from django.contrib.auth import get_user_model
+
+    from .services import grant_operator_role
+
+    tenant = _tenant(slug) if slug else None
+    user_model = get_user_model()
+    user = user_model.objects.filter(**{user_model.USERNAME_FIELD: username}).first()
+    lines = []
+    if user is None:
+        password = _secrets.token_urlsafe(12)
+        user = user_model.objects.create_user(username=username, password=password)
+        lines.append(f"created user {username} with password {password} (shown once; change it at /admin/)")
+    try:
+        grant_operator_role(user=user, tenant=tenant, role=role)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    where = f"tenant {slug}" if slug else "every tenant"
+    return [*lines, f"{username} is now {'an auditor' if role == 'auditor' else 'a tenant admin'} of {where}"]

@@ -58,6 +58,15 @@ class TenantSettings:
         "Each process re-reads a tenant's limits at least this often (admin edits apply without restart).",
         env="MCPTASKS_TENANT_LIMITS_CACHE_S",
     )
+    FLAG_PENALTY_S: int = setting(
+        0,
+        "When above 0, a principal flagged for enumeration or fast polling (`flag.*` audit events) is held to "
+        "`FLAG_PENALTY_RATE_PER_MIN` requests per minute per class for this many seconds. 0: flag only.",
+        env="MCPTASKS_FLAG_PENALTY_S",
+    )
+    FLAG_PENALTY_RATE_PER_MIN: int = setting(
+        30, "The per-principal rate while a penalty holds.", env="MCPTASKS_FLAG_PENALTY_RATE_PER_MIN"
+    )
     AUTH_CACHE_S: float = setting(
         1.0,
         "A verified bearer token's auth context is reused for this long in each process (never past the "

@@ -7,6 +7,7 @@ from django.db import models
 from oauth2_provider.settings import oauth2_settings
 
 from .crypto import EncryptedTextField
+from .roles import Role
 
 #: Scopes a new application or membership may use until an operator grants more.
 LEAST_PRIVILEGE_SCOPES = "mcp:tools mcp:tasks"
@@ -35,6 +36,7 @@ class Tenant(models.Model):
 
     class Meta:
         ordering = ["slug"]
+        permissions = [("audit_all_tenants", "Can audit every tenant (read-only)")]
 
     def __str__(self) -> str:
         return self.slug
@@ -69,6 +71,9 @@ class Principal(models.Model):
         ordering = ["tenant", "identifier"]
 
     def __str__(self) -> str:
+        # Operators read names; the raw identifier (a client_id, a sub) only when there is none.
+        if self.name:
+            return f"{self.name} ({self.tenant.slug})"
         where = f"{self.issuer}#" if self.issuer else ""
         return f"{self.tenant.slug}:{self.kind}:{where}{self.identifier}"
 
@@ -113,6 +118,8 @@ class TenantMembership(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tenant_memberships")
     allowed_scopes = models.CharField(max_length=200, default=LEAST_PRIVILEGE_SCOPES)
+    # Operator access to this tenant (admin, dashboard, audit API); see tenants/roles.py.
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

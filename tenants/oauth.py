@@ -113,9 +113,9 @@ def _client_ip(request: HttpRequest) -> str:
     return str(request.META.get("REMOTE_ADDR", ""))[:64]
 
 
-def _throttle_keys(request: HttpRequest) -> list[tuple[str, int]]:
+def _throttle_keys(request: HttpRequest, username: str | None = None) -> list[tuple[str, int]]:
     s = conf.get()
-    username = str(request.POST.get("username", ""))[:150].lower()
+    username = str(request.POST.get("username", "") if username is None else username)[:150].lower()
     digest = hashlib.sha256(username.encode("utf-8", "surrogatepass")).hexdigest()[:32]
     prefix = "login"
     return [
@@ -145,21 +145,55 @@ class ThrottledLoginView(auth_views.LoginView):
 
     def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         """Check the failure budgets before looking at the password at all."""
-        for key, limit in _throttle_keys(request):
-            if _failures(key) >= limit:
-                emit(action="login.throttled", tenant_id=None, data={"kind": key.split(":")[1]})
-                response = render(
-                    request, "tenants/oauth_error.html",
-                    {"title": "Too many sign-in attempts",
-                     "message": "Too many failed sign-ins. Wait a few minutes and try again."},
-                    status=429,
-                )
-                response["Retry-After"] = str(conf.get().LOGIN_WINDOW_S)
-                return response
+        if sign_in_refused(request):
+            return too_many_sign_ins(request)
         return super().post(request, *args, **kwargs)
 
     def form_invalid(self, form: Any) -> HttpResponse:
         """Count the failure against both budgets."""
-        for key, _limit in _throttle_keys(self.request):
-            _count_failure(key)
+        sign_in_failed(self.request)
         return super().form_invalid(form)
+
+
+def sign_in_refused(request: HttpRequest, username: str | None = None) -> bool:
+    """Whether this address or username has used up its failed sign-in budget (then emit why).
+
+    The budgets are shared by every way to sign in with a password: the sign-in page, the
+    admin's and HTTP Basic credentials on the audit API.
+    """
+    for key, limit in _throttle_keys(request, username):
+        if _failures(key) >= limit:
+            emit(action="login.throttled", tenant_id=None, data={"kind": key.split(":")[1]})
+            return True
+    return False
+
+
+def too_many_sign_ins(request: HttpRequest) -> HttpResponse:
+    """The 429 page of a used-up sign-in budget."""
+    response = render(request, "tenants/oauth_error.html",
+                      {"title": "Too many sign-in attempts",
+                       "message": "Too many failed sign-ins. Wait a few minutes and try again."},
+                      status=429)
+    response["Retry-After"] = str(conf.get().LOGIN_WINDOW_S)
+    return response
+
+
+def sign_in_failed(request: HttpRequest, username: str | None = None) -> None:
+    """Count one failed password sign-in against the address's and the username's budgets."""
+    for key, _limit in _throttle_keys(request, username):
+        _count_failure(key)
+
+
+def throttled_admin_login(view: Any) -> Any:
+    """The admin's sign-in with the same failure budgets as :class:`ThrottledLoginView`."""
+
+    def login(request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        if request.method == "POST" and sign_in_refused(request):
+            return too_many_sign_ins(request)
+        response = view(request, extra_context)
+        # The admin answers a failed sign-in by showing the form again (200); success redirects.
+        if request.method == "POST" and response.status_code == 200:
+            sign_in_failed(request)
+        return response
+
+    return login

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import threading
 import time
 from typing import Any, Literal
 
@@ -28,6 +29,7 @@ from django.conf import settings
 
 from . import kv
 from .auth import AuthContext
+from .conf import get as get_conf
 from .exceptions import RateLimited
 from .selectors import TenantRow, tenant_row
 
@@ -48,11 +50,28 @@ def _prefix() -> str:
     return f"{getattr(settings, 'CHANNEL_PREFIX', 'mcptasks')}:rl"
 
 
-def _key(tenant_id: int, op_class: str, window: int) -> str:
+def _key(tenant_id: int | str, op_class: str, window: int) -> str:
     return f"{_prefix()}:{tenant_id}:{op_class}:{window}"
 
 
 _COUNTER_TTL_S = WINDOW_S * 2 + 5
+
+
+def _queue_count(pipe: Any, prev_key: str, key: str) -> None:
+    """Queue the counter commands on a (sync or async) pipeline: read the previous window, count this one."""
+    pipe.get(prev_key)
+    pipe.incr(key)
+    pipe.expire(key, _COUNTER_TTL_S)
+
+
+def _counted(out: list[Any]) -> tuple[int, int]:
+    """(previous window's count, this window's count) from the replies of :func:`_queue_count`."""
+    return int(out[0] or 0), int(out[1])
+
+
+def _local_count(store: kv.LocalStore, prev_key: str, key: str) -> tuple[int, int]:
+    """:func:`_queue_count` and :func:`_counted` in the in-process fallback."""
+    return int(store.get(prev_key) or 0), store.incr(key, ttl_s=_COUNTER_TTL_S)
 
 
 def _count(prev_key: str, key: str) -> tuple[int, int]:
@@ -60,16 +79,10 @@ def _count(prev_key: str, key: str) -> tuple[int, int]:
 
     def remote(r: Any) -> tuple[int, int]:
         pipe = r.pipeline(transaction=False)
-        pipe.get(prev_key)
-        pipe.incr(key)
-        pipe.expire(key, _COUNTER_TTL_S)
-        previous, current, _ = pipe.execute()
-        return int(previous or 0), int(current)
+        _queue_count(pipe, prev_key, key)
+        return _counted(pipe.execute())
 
-    def fallback(store: kv.LocalStore) -> tuple[int, int]:
-        return int(store.get(prev_key) or 0), store.incr(key, ttl_s=_COUNTER_TTL_S)
-
-    return kv.call(remote, fallback=fallback)
+    return kv.call(remote, fallback=lambda store: _local_count(store, prev_key, key))
 
 
 def _uncount(key: str) -> None:
@@ -96,7 +109,7 @@ def _refusal(*, previous: int, current: int, limit: int, now: float, op_class: O
     )
 
 
-def _charge(*, tenant_id: int, op_class: OpClass, limit: int, now: float) -> None:
+def _charge(*, tenant_id: int | str, op_class: OpClass, limit: int, now: float) -> None:
     window, _ = _window(now)
     key = _key(tenant_id, op_class, window)
     previous, current = _count(_key(tenant_id, op_class, window - 1), key)
@@ -118,6 +131,9 @@ def _retry_after(previous: int, current: int, limit: int, elapsed: float) -> flo
 
 def check_rate(*, auth: AuthContext, op_class: OpClass) -> None:
     """Count one ``op_class`` request of ``auth``'s tenant; raise :class:`RateLimited` if over budget."""
+    penalty = penalty_of(principal_id=auth.principal_id)
+    if penalty is not None:
+        _charge(tenant_id=f"p{auth.principal_id}", op_class=op_class, limit=penalty, now=time.time())
     limit = _limit_for(auth, op_class)
     if limit is None:
         return
@@ -130,17 +146,17 @@ def _poll_key(*, auth: AuthContext, task_id: str, poll_interval_ms: int) -> tupl
     return f"{_prefix()}:poll:{auth.principal_id}:{digest}", max(WINDOW_S, math.ceil(poll_interval_ms / 1000) * 2)
 
 
-def note_poll(*, auth: AuthContext, task_id: str, poll_interval_ms: int) -> None:
+def note_poll(*, auth: AuthContext, task_id: str, poll_interval_ms: int) -> bool:
     """Record a ``tasks/get`` of ``task_id``; a poll sooner than ``poll_interval_ms`` after the
     previous one by the same principal costs one extra read (may raise :class:`RateLimited`).
 
     Call it in addition to ``check_rate(op_class="read")``. Nothing is recorded for a tenant
     without a read limit (there is nothing to charge). The task id is hashed into the key, so a
-    client-chosen string never becomes a Redis key.
+    client-chosen string never becomes a Redis key. Returns whether the poll came too early.
     """
     limit = _limit_for(auth, "read")
     if limit is None:
-        return
+        return False
     now = time.time()
     key, ttl = _poll_key(auth=auth, task_id=task_id, poll_interval_ms=poll_interval_ms)
     previous = kv.call(
@@ -148,23 +164,32 @@ def note_poll(*, auth: AuthContext, task_id: str, poll_interval_ms: int) -> None
         fallback=lambda store: store.getset(key, repr(now), ttl_s=ttl),
     )
     if previous is None or (now - float(previous)) * 1000 >= poll_interval_ms:
-        return
+        return False
     _charge(tenant_id=auth.tenant_id, op_class="read", limit=limit, now=now)
+    return True
 
 
 async def acount_request(
     *, auth: AuthContext, op_class: OpClass, polled_task_id: str | None, poll_interval_ms: int, row: TenantRow
-) -> None:
+) -> bool:
     """``check_rate`` and (for a ``tasks/get``) ``note_poll`` from async code, in one Redis round trip.
 
     ``row`` is the tenant's limits (:func:`tenants.selectors.cached_tenant_row`). A refused
-    request is uncounted, and a too-early poll charged, with one more round trip each.
+    request is uncounted, and a too-early poll charged, with one more round trip each. Returns
+    whether this was a poll sooner than ``pollInterval`` (known where the tenant has a read limit).
     """
+    penalty = None
+    if get_conf().FLAG_PENALTY_S > 0:  # off: no penalty can exist, nothing to read
+        if _penalties.stale():
+            _penalties.load(await kv.acall(_aread_penalties, fallback=_local_penalties))
+        penalty = _penalties.rate_of(auth.principal_id)
+    if penalty is not None:
+        await _acharge(tenant_id=f"p{auth.principal_id}", op_class=op_class, limit=penalty, now=time.time())
     limit = {"create": row.rate_create_per_min, "read": row.rate_read_per_min,
              "other": row.rate_other_per_min}[op_class]
     poll = polled_task_id is not None and row.rate_read_per_min is not None
     if limit is None and not poll:
-        return
+        return False
     now = time.time()
     window, _ = _window(now)
     key, prev_key = _key(auth.tenant_id, op_class, window), _key(auth.tenant_id, op_class, window - 1)
@@ -173,17 +198,15 @@ async def acount_request(
     async def remote(r: Any) -> tuple[int, int, Any]:
         pipe = r.pipeline(transaction=False)
         if limit is not None:
-            pipe.get(prev_key)
-            pipe.incr(key)
-            pipe.expire(key, _COUNTER_TTL_S)
+            _queue_count(pipe, prev_key, key)
         if poll:
             pipe.set(poll_key, repr(now), ex=poll_ttl, get=True)
         out = await pipe.execute()
-        counts = (int(out[0] or 0), int(out[1])) if limit is not None else (0, 0)
+        counts = _counted(out) if limit is not None else (0, 0)
         return counts[0], counts[1], out[-1] if poll else None
 
     def local(store: kv.LocalStore) -> tuple[int, int, Any]:
-        counts = (int(store.get(prev_key) or 0), store.incr(key, ttl_s=_COUNTER_TTL_S)) if limit is not None else (0, 0)
+        counts = _local_count(store, prev_key, key) if limit is not None else (0, 0)
         return counts[0], counts[1], store.getset(poll_key, repr(now), ttl_s=poll_ttl) if poll else None
 
     previous, current, last_poll = await kv.acall(remote, fallback=local)
@@ -197,6 +220,8 @@ async def acount_request(
         read_limit = row.rate_read_per_min
         assert read_limit is not None
         await _acharge(tenant_id=auth.tenant_id, op_class="read", limit=read_limit, now=now)
+        return True
+    return False
 
 
 async def _auncount(key: str) -> None:
@@ -204,23 +229,106 @@ async def _auncount(key: str) -> None:
     await kv.acall(lambda r: r.decr(key), fallback=lambda store: store.incr(key, ttl_s=_COUNTER_TTL_S, by=-1))
 
 
-async def _acharge(*, tenant_id: int, op_class: OpClass, limit: int, now: float) -> None:
+async def _acharge(*, tenant_id: int | str, op_class: OpClass, limit: int, now: float) -> None:
     """:func:`_charge` from async code."""
     window, _ = _window(now)
     key, prev_key = _key(tenant_id, op_class, window), _key(tenant_id, op_class, window - 1)
 
     async def remote(r: Any) -> tuple[int, int]:
         pipe = r.pipeline(transaction=False)
-        pipe.get(prev_key)
-        pipe.incr(key)
-        pipe.expire(key, _COUNTER_TTL_S)
-        previous, current, _ = await pipe.execute()
-        return int(previous or 0), int(current)
+        _queue_count(pipe, prev_key, key)
+        return _counted(await pipe.execute())
 
-    previous, current = await kv.acall(
-        remote, fallback=lambda store: (int(store.get(prev_key) or 0), store.incr(key, ttl_s=_COUNTER_TTL_S))
-    )
+    previous, current = await kv.acall(remote, fallback=lambda store: _local_count(store, prev_key, key))
     refusal = _refusal(previous=previous, current=current, limit=limit, now=now, op_class=op_class)
     if refusal is not None:
         await _auncount(key)  # refused requests do not count
         raise refusal
+
+
+# --- penalties ------------------------------------------------------------------------------
+# A principal flagged as suspicious (enumerating task ids, polling too fast) can be held to a
+# per-principal rate for a while, on top of its tenant's limits. Penalties live in one Redis
+# hash (principal id -> "until:rate"); each process re-reads it at most once per
+# ``LIMITS_CACHE_S``, so the request path pays nothing while nobody is penalised.
+
+
+def _penalty_key() -> str:
+    return f"{_prefix()}:penalties"
+
+
+class _Penalties:
+    """This process's snapshot of the penalties hash."""
+
+    def __init__(self) -> None:
+        self.rates: dict[int, tuple[float, int]] = {}
+        self.read_at = -math.inf
+
+    def stale(self) -> bool:
+        return time.monotonic() - self.read_at > get_conf().LIMITS_CACHE_S
+
+    def load(self, raw: dict[Any, Any]) -> None:
+        rates: dict[int, tuple[float, int]] = {}
+        for pid, value in (raw or {}).items():
+            try:
+                until, rate = str(value.decode() if isinstance(value, bytes) else value).split(":")
+                rates[int(pid)] = (float(until), int(rate))
+            except (ValueError, AttributeError):
+                continue
+        self.rates, self.read_at = rates, time.monotonic()
+
+    def rate_of(self, principal_id: int) -> int | None:
+        hit = self.rates.get(principal_id)
+        return hit[1] if hit is not None and hit[0] > time.time() else None
+
+
+_penalties = _Penalties()
+_local_penalty_lock = threading.Lock()
+_local_penalty_hash: dict[str, str] = {}
+
+
+def _read_penalties(r: Any) -> dict[Any, Any]:
+    return dict(r.hgetall(_penalty_key()))
+
+
+async def _aread_penalties(r: Any) -> dict[Any, Any]:
+    return dict(await r.hgetall(_penalty_key()))
+
+
+def _local_penalties(store: kv.LocalStore) -> dict[Any, Any]:
+    with _local_penalty_lock:
+        return dict(_local_penalty_hash)
+
+
+def penalize(*, principal_id: int, seconds: int, rate_per_min: int) -> None:
+    """Hold ``principal_id`` to ``rate_per_min`` requests per minute per class for ``seconds``."""
+    until = time.time() + seconds
+    value = f"{until:.3f}:{max(1, rate_per_min)}"
+
+    def remote(r: Any) -> None:
+        pipe = r.pipeline(transaction=False)
+        pipe.hset(_penalty_key(), str(principal_id), value)
+        pipe.expire(_penalty_key(), seconds + WINDOW_S)
+        pipe.execute()
+
+    def local(store: kv.LocalStore) -> None:
+        with _local_penalty_lock:
+            _local_penalty_hash[str(principal_id)] = value
+
+    kv.call(remote, fallback=local)
+    _penalties.read_at = -math.inf  # this process applies it at once
+
+
+def penalty_of(*, principal_id: int) -> int | None:
+    """The per-minute rate ``principal_id`` is held to right now, or None."""
+    if get_conf().FLAG_PENALTY_S <= 0:
+        return None
+    if _penalties.stale():
+        _penalties.load(kv.call(_read_penalties, fallback=_local_penalties))
+    return _penalties.rate_of(principal_id)
+
+
+def clear_penalties() -> None:
+    """Forget every penalty (tests, operators)."""
+    kv.call(lambda r: r.delete(_penalty_key()), fallback=lambda store: _local_penalty_hash.clear())
+    _penalties.read_at = -math.inf

@@ -188,3 +188,26 @@ def add_member(*, tenant: Tenant, user: Any, scopes: list[str] | None = None) ->
         tenant=tenant, user=user, defaults={"allowed_scopes": allowed}
     )
     return membership
+
+
+def grant_operator_role(*, user: Any, tenant: Tenant | None, role: str) -> None:
+    """Make ``user`` an operator: ``role`` is ``auditor`` or ``admin`` (tenant admin) of ``tenant``;
+    ``tenant=None`` with ``auditor`` means an auditor of every tenant (see tenants/roles.py)."""
+    from django.contrib.auth.models import Group, Permission
+
+    from .roles import AUDITOR_GROUP, TENANT_ADMIN_GROUP, Role
+
+    if role not in (Role.AUDITOR, Role.ADMIN):
+        raise ValueError(f"unknown operator role {role!r} (auditor or admin)")
+    if tenant is None and role != Role.AUDITOR:
+        raise ValueError("only auditors can be given every tenant")
+    group, _ = Group.objects.get_or_create(name=AUDITOR_GROUP if role == Role.AUDITOR else TENANT_ADMIN_GROUP)
+    with transaction.atomic():
+        user.is_staff = True
+        user.save(update_fields=["is_staff"])
+        user.groups.add(group)
+        if tenant is None:
+            user.user_permissions.add(Permission.objects.get(content_type__app_label="tenants",
+                                                             codename="audit_all_tenants"))
+        else:
+            TenantMembership.objects.update_or_create(tenant=tenant, user=user, defaults={"role": role})

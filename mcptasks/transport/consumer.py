@@ -31,10 +31,10 @@ from tenants import conf as tenant_conf
 from tenants import jwt_issuers, ratelimit
 from tenants.auth import AuthContext, AuthError, authenticate, cached_context, insufficient_scope, remember
 from tenants.conf import tenant_resource
-from tenants.exceptions import RateLimited
+from tenants.exceptions import QuotaExceeded, RateLimited
 from tenants.selectors import cached_tenant_row, effective_limits, limits_of
 
-from .. import bus, conf, layers, selectors, services
+from .. import bus, conf, layers, selectors, services, watch
 from ..handlers import RequestContext, StreamReply, dispatcher, operation_class, required_scope
 from ..models import McpSession, StreamEvent, Task
 from ..protocol import jsonrpc, versions
@@ -128,6 +128,7 @@ class McpConsumer(AsyncHttpConsumer):
         self.layer_degraded = False
         self._layer_ok = asyncio.Event()
         self._layer_ok.set()
+        self._layer_wanted = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # --- ASGI plumbing ------------------------------------------------------------------------
@@ -184,6 +185,9 @@ class McpConsumer(AsyncHttpConsumer):
             await self._close(hint_retry=True)
 
     async def _layer_receive(self) -> dict[str, Any]:
+        # Only a consumer that joined a group can be sent anything: a plain JSON answer
+        # (tasks/get, the hot path) never starts a layer receive at all.
+        await self._layer_wanted.wait()
         await self._layer_ok.wait()
         try:
             return dict(await self.channel_layer.receive(self.channel_name))
@@ -340,6 +344,7 @@ class McpConsumer(AsyncHttpConsumer):
         if self.channel_layer is None:
             return
         self.groups_joined.append(group)
+        self._layer_wanted.set()
         if self.layer_degraded:
             return
         try:
@@ -440,9 +445,25 @@ class McpConsumer(AsyncHttpConsumer):
             # External JWTs: fetch signing keys here, off the shared database thread, so a
             # slow identity provider delays only its own tokens.
             await jwt_issuers.aprefetch(token.strip())
-        ctx = await database_sync_to_async(authenticate)(headers=headers, query_string=qs, resource_url=resource_url)
+        try:
+            ctx = await database_sync_to_async(authenticate)(
+                headers=headers, query_string=qs, resource_url=resource_url
+            )
+        except AuthError as exc:
+            if token:
+                # A credential was presented and refused (a bare 401 is OAuth discovery).
+                await watch.aauth_failed(
+                    ip=watch.client_ip(self.scope), status=exc.status, reason=exc.message,
+                    path=self.scope.get("path", ""), tenant_slug=self._tenant_slug(),
+                )
+            raise
         remember(key, ctx)
         return ctx
+
+    def _tenant_slug(self) -> str | None:
+        """The tenant of a tenant endpoint (``/mcp/t/<slug>``; the route validated it), else None."""
+        slug = self.scope.get("url_route", {}).get("kwargs", {}).get("tenant")
+        return str(slug) if slug else None
 
     async def _load_session(self, *, required: bool = True) -> McpSession | None:
         sid = self._header("mcp-session-id")
@@ -531,6 +552,8 @@ class McpConsumer(AsyncHttpConsumer):
             return
         scope = required_scope(msg.method, msg.params)
         if scope and not self.auth.has_scope(scope):
+            await watch.arefused(auth=self.auth, action="auth.scope_refused",
+                                 data={"method": msg.method[:64], "scope": scope})
             err = insufficient_scope(scope=scope, resource_url=self._resource_url())
             # The request was parsed: answer it as a JSON-RPC error response carrying its id.
             await self._send_json(err.status, {**err.body, "id": rid}, err.headers)
@@ -543,15 +566,19 @@ class McpConsumer(AsyncHttpConsumer):
             row = cached_tenant_row(tenant_id=self.auth.tenant_id)
             if row is None:
                 # The tenant's limits are re-read from the database once per LIMITS_CACHE_S.
-                await database_sync_to_async(self._count_request)(self.auth, op_class, polled)
+                too_soon = await database_sync_to_async(self._count_request)(self.auth, op_class, polled)
             else:
-                await ratelimit.acount_request(
+                too_soon = await ratelimit.acount_request(
                     auth=self.auth, op_class=op_class, polled_task_id=polled,  # type: ignore[arg-type]
                     poll_interval_ms=limits_of(row).poll_interval_ms, row=row,
                 )
         except RateLimited as exc:
+            await watch.arefused(auth=self.auth, action="ratelimit.refused",
+                                 data={"method": msg.method[:64], "class": exc.op_class, "limit": exc.limit})
             await self._refuse(rid, exc)
             return
+        if too_soon:
+            await watch.afast_poll(auth=self.auth)
         session = self.session
         version = session.protocol_version if session is not None else versions.LATEST
         ctx = RequestContext(
@@ -564,6 +591,9 @@ class McpConsumer(AsyncHttpConsumer):
         except Exception as exc:
             if errors.rule_for(exc) is None:
                 raise
+            if isinstance(exc, QuotaExceeded):
+                await watch.arefused(auth=self.auth, action="quota.refused",
+                                     data={"method": msg.method[:64], "reason": exc.message[:200]})
             await self._refuse(rid, exc)
             return
         if isinstance(result, StreamReply):
@@ -579,13 +609,15 @@ class McpConsumer(AsyncHttpConsumer):
         await self._send_json(200, jsonrpc.response(rid, result), extra)
 
     @staticmethod
-    def _count_request(auth: AuthContext, op_class: str, polled_task_id: str | None) -> None:
-        """Rate limits in one thread hop: the request's class, and a poll faster than pollInterval."""
+    def _count_request(auth: AuthContext, op_class: str, polled_task_id: str | None) -> bool:
+        """Rate limits in one thread hop: the request's class, and a poll faster than pollInterval
+        (returns whether it was one)."""
         ratelimit.check_rate(auth=auth, op_class=op_class)  # type: ignore[arg-type]
-        if polled_task_id is not None:
-            # Polling faster than pollInterval costs an extra read (see tenants.ratelimit).
-            limits = effective_limits(tenant_id=auth.tenant_id)
-            ratelimit.note_poll(auth=auth, task_id=polled_task_id, poll_interval_ms=limits.poll_interval_ms)
+        if polled_task_id is None:
+            return False
+        # Polling faster than pollInterval costs an extra read (see tenants.ratelimit).
+        limits = effective_limits(tenant_id=auth.tenant_id)
+        return ratelimit.note_poll(auth=auth, task_id=polled_task_id, poll_interval_ms=limits.poll_interval_ms)
 
     # --- streams -----------------------------------------------------------------------------
 

@@ -127,4 +127,5 @@ def test_tasks_result_stream_can_be_resumed_with_last_event_id_on_other_process(
     assert events and events[0].id
     resumed = a.resume(events[0].id, method="tasks/result")
     msg: dict[str, Any] | None = resumed.message
-    assert msg is not None and msg["result"]["content"] == [{"type": "text", "text": "Slept for 1500 ms"}]
+    assert msg is not None and "result" in msg, msg
+    assert msg["result"]["content"] == [{"type": "text", "text": "Slept for 1500 ms"}]

@@ -11,7 +11,7 @@ from django.core.management import call_command
 from django.db import connection
 
 from mcptasks import services
-from mcptasks.models import Task, TaskMessage, TaskStatus
+from mcptasks.models import AuditEvent, Task, TaskMessage, TaskStatus
 from tenants.models import Principal, Tenant
 from tests.support.factories import expire, make_auth, make_session, make_task
 from tests.support.requirements import require_postgres
@@ -72,6 +72,10 @@ def test_cleanup_deletes_task_messages_releases_slots_and_keeps_unexpired() -> N
     # The slots of the three non-terminal expired tasks are free again; the kept ones still count.
     assert Principal.objects.get(pk=auth.principal_id).active_tasks == 2
     assert Tenant.objects.get(pk=auth.tenant_id).active_tasks == 2
+    # Each deleted task leaves an audit event in its tenant's chain, with the status it had.
+    expired = dict(AuditEvent.objects.filter(action="task.expired").values_list("task_id", "data__status"))
+    assert expired == {**{t.task_id: "working" for t in live_expired[1:]}, asking.task_id: "input_required",
+                       done_expired.task_id: "completed"}
 
 
 @pytest.mark.django_db

@@ -278,3 +278,53 @@ async def test_database_outage_before_any_handler_is_a_503(monkeypatch: pytest.M
     response = await post({"jsonrpc": "2.0", "id": 8, "method": "ping"}, headers)
     assert response["status"] == 503
     assert headers_of(response)["retry-after"] == "5"
+
+
+async def test_refusals_reach_the_audit_trail(settings: Any) -> None:
+    """A presented bad token and a 429, each answered and audited."""
+    from mcptasks import watch
+    from mcptasks.models import AuditEvent
+    from tenants import services as tenant_services
+    from tenants.models import Tenant
+
+    watch.throttle.clear()
+    settings.TENANTS = {**settings.TENANTS, "ALLOW_ANONYMOUS": False}
+    bad = await post(INIT, [*BASE_HEADERS, (b"authorization", b"Bearer not-a-real-token")])
+    assert bad["status"] == 401
+    tenant = await sync_to_async(Tenant.objects.create)(slug="limited", rate_other_per_min=1)
+    token = await sync_to_async(tenant_services.issue_token)(tenant=tenant, principal_name="c", scopes=["mcp:tools"])
+    authed = [*BASE_HEADERS, (b"authorization", f"Bearer {token}".encode())]
+    assert (await post(INIT, authed))["status"] == 200
+    assert (await post(INIT, authed))["status"] == 429
+
+    def actions() -> dict[str, Any]:
+        return {e.action: e for e in AuditEvent.objects.all()}
+
+    events = await sync_to_async(actions)()
+    assert events["auth.failed"].data["status"] == 401 and "not-a-real-token" not in json.dumps(
+        events["auth.failed"].data)
+    assert events["ratelimit.refused"].tenant_id == tenant.pk
+    assert events["ratelimit.refused"].data["class"] == "other"
+
+
+async def test_a_missing_scope_is_refused_and_audited(settings: Any) -> None:
+    from mcptasks import watch
+    from mcptasks.models import AuditEvent
+    from tenants import services as tenant_services
+    from tenants.models import Tenant
+
+    watch.throttle.clear()
+    settings.TENANTS = {**settings.TENANTS, "ALLOW_ANONYMOUS": False}
+    tenant = await sync_to_async(Tenant.objects.create)(slug="scoped")
+    token = await sync_to_async(tenant_services.issue_token)(tenant=tenant, principal_name="c", scopes=["mcp:tools"])
+    authed = [*BASE_HEADERS, (b"authorization", f"Bearer {token}".encode())]
+    init = await post(INIT, authed)
+    assert init["status"] == 200
+    sid = headers_of(init)["mcp-session-id"]
+    session = [*authed, (b"mcp-session-id", sid.encode()), (b"mcp-protocol-version", b"2025-11-25")]
+    assert (await post({"jsonrpc": "2.0", "method": "notifications/initialized"}, session))["status"] == 202
+    listing = await post({"jsonrpc": "2.0", "id": 2, "method": "tasks/list", "params": {}}, session)
+    assert listing["status"] == 403
+    event = await sync_to_async(AuditEvent.objects.get)(action="auth.scope_refused")
+    assert event.tenant_id == tenant.pk and event.data["scope"] == "mcp:tasks"
+    assert event.data["method"] == "tasks/list"

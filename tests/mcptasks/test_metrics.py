@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from django.test import Client
+
+pytestmark = pytest.mark.django_db
 
 
 def test_metrics_from_loopback_lists_the_redis_pools(settings: Any) -> None:

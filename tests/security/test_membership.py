@@ -107,3 +107,27 @@ def test_sign_in_is_throttled_per_address(settings: Any) -> None:
 def test_password_validators_are_on() -> None:
     with pytest.raises(ValidationError):
         validate_password("12345678")
+
+
+def test_admin_sign_in_and_api_basic_credentials_share_the_failure_budget(settings: Any,
+                                                                          django_user_model: Any) -> None:
+    import base64
+    import uuid
+
+    settings.TENANTS = {**settings.TENANTS, "LOGIN_MAX_FAILURES_PER_USER": 3}
+    name = f"ops-{uuid.uuid4().hex[:8]}"
+    django_user_model.objects.create_superuser(username=name, password="x-long-passphrase-2", email="")
+
+    def basic(password: str) -> dict[str, str]:
+        return {"HTTP_AUTHORIZATION": "Basic " + base64.b64encode(f"{name}:{password}".encode()).decode()}
+
+    # Two wrong passwords on the admin's sign-in, one through the API: the budget is spent.
+    for _ in range(2):
+        response = Client().post("/admin/login/", {"username": name, "password": "wrong"})
+        assert response.status_code == 200
+    assert Client().get("/api/tenants/x/tasks/", **basic("wrong")).status_code in (401, 403)
+    # Now even the right password is refused, on every way in.
+    assert Client().get("/api/tenants/x/tasks/", **basic("x-long-passphrase-2")).status_code == 429
+    refused = Client().post("/admin/login/", {"username": name, "password": "x-long-passphrase-2"})
+    assert refused.status_code == 429
+    assert Client().post("/accounts/login/", {"username": name, "password": "x-long-passphrase-2"}).status_code == 429

@@ -38,6 +38,12 @@ class Command(BaseCommand):
         p.add_argument("slug")
         p.add_argument("username")
         p.add_argument("--scopes", nargs="+", default=None, help="scopes allowed (default: mcp:tools mcp:tasks)")
+        p = sub.add_parser("operator", help="make a user an auditor or a tenant admin (admin, dashboard, API)")
+        p.add_argument("username")
+        p.add_argument("--role", choices=["auditor", "admin"], required=True)
+        group = p.add_mutually_exclusive_group(required=True)
+        group.add_argument("--tenant", dest="slug", help="the tenant the role applies to")
+        group.add_argument("--all-tenants", action="store_true", help="auditors only: every tenant, read-only")
         p = sub.add_parser("recount", help="repair the concurrency counters from the task table")
         p.add_argument("slug", nargs="?", default=None)
 
@@ -58,6 +64,8 @@ class Command(BaseCommand):
                 lines = cli.list_tenants()
             elif action == "recount":
                 lines = cli.recount(slug=options["slug"])
+            elif action == "operator":
+                lines = cli.operator(username=options["username"], role=options["role"], slug=options.get("slug"))
             elif action == "member":
                 lines = cli.member(slug=options["slug"], username=options["username"], scopes=options["scopes"])
             else:

@@ -1,0 +1,94 @@
+"""Operator roles: who may see and manage which tenants in the admin, the dashboard and the audit API.
+
+- A **superuser** sees and manages everything.
+- The **auditor** group is read-only (tasks, audit events, sessions, workers, tenants). With the
+  ``tenants.audit_all_tenants`` permission (``mcptasks_tenant operator --all-tenants``) an auditor
+  sees every tenant; otherwise only the tenants where their membership's role is ``auditor``.
+- A **tenant admin** (membership role ``admin``, in the ``tenant admin`` group) manages one
+  tenant: its limits, principals, members, applications and issuers, and cancels its tasks.
+
+Model permissions come from the two groups (each app adds its own models' permissions, see
+:func:`grant_group_permissions`); *which rows* come from :func:`visible_tenant_ids` and
+:func:`managed_tenant_ids`, the one place that decides it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from django.db import models
+
+AUDITOR_GROUP = "auditor"
+TENANT_ADMIN_GROUP = "tenant admin"
+
+#: Permission that lifts an auditor's tenant scope (every tenant, still read-only).
+AUDIT_ALL_TENANTS = "tenants.audit_all_tenants"
+
+
+class Role(models.TextChoices):
+    """What a membership lets its user do beyond getting MCP tokens."""
+
+    MEMBER = "member", "Member (MCP tokens only)"
+    AUDITOR = "auditor", "Auditor (read-only)"
+    ADMIN = "admin", "Tenant admin"
+
+
+#: The tenants app's own permissions per group (the MCP app adds its models' in its ready()).
+TENANT_GROUP_PERMISSIONS: dict[str, tuple[str, ...]] = {
+    AUDITOR_GROUP: ("view_tenant", "view_principal", "view_tenantmembership", "view_tenantapplication"),
+    TENANT_ADMIN_GROUP: (
+        "view_tenant", "change_tenant",
+        "view_principal", "add_principal", "change_principal",
+        "view_tenantmembership", "add_tenantmembership", "change_tenantmembership", "delete_tenantmembership",
+        "view_tenantapplication", "change_tenantapplication",
+        "view_externalissuer", "add_externalissuer", "change_externalissuer", "delete_externalissuer",
+    ),
+}
+
+
+def grant_group_permissions(app_label: str, per_group: Mapping[str, Iterable[str]]) -> None:
+    """Create the operator groups if needed and give them ``app_label``'s listed permissions."""
+    from django.contrib.auth.models import Group, Permission
+
+    for name, codenames in per_group.items():
+        group, _ = Group.objects.get_or_create(name=name)
+        perms = Permission.objects.filter(content_type__app_label=app_label, codename__in=list(codenames))
+        group.permissions.add(*perms)
+
+
+def _is_all_seeing(user: Any) -> bool:
+    return bool(user.is_superuser or user.has_perm(AUDIT_ALL_TENANTS))
+
+
+def visible_tenant_ids(user: Any) -> frozenset[int] | None:
+    """Tenants ``user`` may read as an operator: None means every tenant."""
+    if not getattr(user, "is_active", False):
+        return frozenset()
+    if _is_all_seeing(user):
+        return None
+    from .models import TenantMembership
+
+    return frozenset(
+        TenantMembership.objects.filter(user=user, role__in=(Role.AUDITOR, Role.ADMIN)).values_list(
+            "tenant_id", flat=True
+        )
+    )
+
+
+def managed_tenant_ids(user: Any) -> frozenset[int] | None:
+    """Tenants ``user`` may change as an operator: None means every tenant."""
+    if not getattr(user, "is_active", False):
+        return frozenset()
+    if user.is_superuser:
+        return None
+    from .models import TenantMembership
+
+    return frozenset(
+        TenantMembership.objects.filter(user=user, role=Role.ADMIN).values_list("tenant_id", flat=True)
+    )
+
+
+def scope_queryset(qs: Any, ids: frozenset[int] | None, *, field: str = "tenant_id") -> Any:
+    """``qs`` limited to the tenants ``ids`` (None: unchanged)."""
+    return qs if ids is None else qs.filter(**{f"{field}__in": ids})
