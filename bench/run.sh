@@ -5,4 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
 export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379/0}"
+# The other ASGI servers measured (daphne comes with the project).
+.venv/bin/python -c "import granian, uvicorn" 2>/dev/null \
+    || .venv/bin/python -m pip install -q "granian>=2,<3" "uvicorn[standard]>=0.30"
 exec .venv/bin/python bench/tasks_get.py "$@"

@@ -10,7 +10,7 @@ server's CPU. For every server a session is opened and one task created; wrk the
   under daphne, the ceiling of any Channels app there;
 - ``mcptasks``: one daphne process on PostgreSQL + Redis with a real bearer token, the full auth
   and rate-limit path, and a separate worker (it runs the tool, not the request path);
-- ``mcptasks-uvicorn``: the same application under uvicorn.
+- ``mcptasks-uvicorn``: the same application under uvicorn; ``mcptasks-granian``: under granian.
 
 Usage (PostgreSQL and Redis as in CI; needs ``wrk`` and ``taskset``)::
 
@@ -161,6 +161,12 @@ def main() -> None:
                         [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port),
                          "--log-level", "warning", "mcptasks.asgi:application"],
                         {**stack.env, "MCPTASKS_EMBEDDED_WORKER": "0"}, f"http://127.0.0.1:{port}/mcp", token))
+        port = free_port()
+        servers.append(("mcptasks (granian)",
+                        [sys.executable, "-m", "granian", "--interface", "asginl", "--host", "127.0.0.1",
+                         "--port", str(port), "--workers", "1", "--log-level", "warning",
+                         "mcptasks.asgi:application"],
+                        {**stack.env, "MCPTASKS_EMBEDDED_WORKER": "0"}, f"http://127.0.0.1:{port}/mcp", token))
         for label, args, env, url, auth in servers:
             log = work / f"{label.split()[0]}-{len(procs)}.log"
             proc = _spawn(args, env, log)
@@ -178,7 +184,7 @@ def main() -> None:
                 results.append((label, connections, _wrk(url, connections=connections, seconds=seconds,
                                                          env=wrk_env, script=script)))
                 print(f"measured {label} at {connections} connections: {results[-1][2]}", flush=True)
-            if auth != "bare" and label != "mcptasks (uvicorn)":
+            if auth != "bare" and label not in ("mcptasks (uvicorn)", "mcptasks (granian)"):
                 time.sleep(1)  # the benchmark's task (1 ms) is terminal by now
                 for method, body, with_session in _other_methods(task_id):
                     env = {**wrk_env, "BENCH_BODY": json.dumps(body)}
