@@ -24,6 +24,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from django.conf import settings
 from django.db import connections
 from django.db.models import Model
 
@@ -32,6 +33,7 @@ from . import conf
 logger = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=Model)
+N = TypeVar("N", bound=Model)
 
 #: After a failure, the ORM serves reads for this long before the async path is tried again.
 RETRY_AFTER_S = 2.0
@@ -44,11 +46,16 @@ _sql_cache: dict[tuple[type[Model], tuple[str, ...], tuple[str, ...]], tuple[str
 
 def available() -> bool:
     """Whether reads may take the async path now (PostgreSQL, enabled, not recently failing)."""
+    # The engine is read from settings, not ``connections``: a connection handler lookup from
+    # async code costs more than the rest of this check.
     return (
         conf.get().ASYNC_READS
-        and connections["default"].vendor == "postgresql"
+        and settings.DATABASES["default"]["ENGINE"] in _POSTGRESQL_ENGINES
         and time.monotonic() >= _failed_until
     )
+
+
+_POSTGRESQL_ENGINES = frozenset({"django.db.backends.postgresql", "django.db.backends.postgresql_psycopg2"})
 
 
 def _conninfo() -> dict[str, Any]:
@@ -119,6 +126,48 @@ async def fetch_one(
     if row is None:
         return None
     return model.from_db("default", names, row)
+
+
+async def fetch_pair(
+    first: tuple[type[M], Sequence[str], Sequence[Any]],
+    second: tuple[type[N], Sequence[str], Sequence[Any], Sequence[str]],
+) -> tuple[M | None, N | None]:
+    """:func:`fetch_one` of two unrelated rows in one round trip: ``(model, where, params[, skip])``.
+
+    Either may be missing (None). One statement, so both rows come from the same snapshot.
+    """
+    global _failed_until
+    model_a, where_a, params_a = first
+    model_b, where_b, params_b, skip_b = second
+    sql_a, names_a = _select(model_a, where_a, ())
+    sql_b, names_b = _select(model_b, where_b, skip_b)
+    key = (sql_a, sql_b)
+    sql = _pair_sql.get(key)
+    if sql is None:
+        # Each side is at most one row; FULL JOIN ON TRUE keeps whichever exists.
+        sql = _pair_sql[key] = f"SELECT * FROM ({sql_a}) AS a FULL JOIN ({sql_b}) AS b ON TRUE"  # noqa: S608
+    try:
+        conn = await _connection()
+        cur = await conn.execute(sql, [*params_a, *params_b], prepare=True)
+        row = await cur.fetchone()
+    except Exception as exc:
+        _failed_until = time.monotonic() + RETRY_AFTER_S
+        logger.warning("async read failed (%s); using the ORM for %.0f s", type(exc).__name__, RETRY_AFTER_S)
+        raise Unavailable from exc
+    if row is None:
+        return None, None
+    a_row, b_row = row[: len(names_a)], row[len(names_a):]
+    return _instance(model_a, names_a, a_row), _instance(model_b, names_b, b_row)
+
+
+def _instance(model: type[M], names: list[str], values: Sequence[Any]) -> M | None:
+    # The primary key is never null in a stored row: null means this side had no row.
+    if values[names.index(model._meta.pk.attname)] is None:
+        return None
+    return model.from_db("default", names, values)
+
+
+_pair_sql: dict[tuple[str, str], str] = {}
 
 
 class Unavailable(Exception):

@@ -72,6 +72,8 @@ class RequestContext:
     open_stream: Callable[[str], Awaitable[str]]
     registry: Registry = field(default_factory=lambda: registry)
     new_session: McpSession | None = None
+    #: The task the request names, read with its session (see selectors.aget_session_and_task).
+    prefetched: selectors.SessionAndTask | None = None
 
 
 #: OAuth scopes of the method table.
@@ -225,7 +227,10 @@ async def tools_call(ctx: RequestContext, params: CallToolParams) -> dict[str, A
 
 async def _lookup(ctx: RequestContext, task_id: str, method: str, *, status_only: bool = False) -> Task:
     """The caller's task; failed lookups are audited (the spec asks receivers to watch for them)."""
+    hit = ctx.prefetched
     try:
+        if hit is not None and hit.task_id == task_id and (status_only or not hit.status_only):
+            return selectors.visible_task(hit.task)
         return await selectors.aget_task(auth=ctx.auth, task_id=task_id, status_only=status_only)
     except McpError as exc:
         await watch.alookup_failed(auth=ctx.auth, method=method, task_id=task_id, error=exc.message)

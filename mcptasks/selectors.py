@@ -71,17 +71,63 @@ async def aget_task(*, auth: AuthContext, task_id: str, status_only: bool = Fals
     only answer with the task's status.
     """
     if fastreads.available():
-        where = ['"tenant_id" = %s', '"kind" = %s', '"task_id" = %s']
-        params: list[Any] = [auth.tenant_id, Task.Kind.TASK.value, task_id]
-        if not _sees_whole_tenant(auth):
-            where.append('"principal_id" = %s')
-            params.append(auth.principal_id)
+        where, params = _task_where(auth=auth, task_id=task_id)
         with contextlib.suppress(fastreads.Unavailable):
             row = await fastreads.fetch_one(
                 Task, where=where, params=params, skip=_PAYLOAD_FIELDS if status_only else ()
             )
             return _visible_task(row)
     return await sync_to_async(get_task)(auth=auth, task_id=task_id)
+
+
+def _task_where(*, auth: AuthContext, task_id: str) -> tuple[list[str], list[Any]]:
+    """:func:`_task_queryset` + the task id as SQL conditions and parameters (for fastreads)."""
+    where = ['"tenant_id" = %s', '"kind" = %s', '"task_id" = %s']
+    params: list[Any] = [auth.tenant_id, Task.Kind.TASK.value, task_id]
+    if not _sees_whole_tenant(auth):
+        where.append('"principal_id" = %s')
+        params.append(auth.principal_id)
+    return where, params
+
+
+@dataclass(frozen=True)
+class SessionAndTask:
+    """:func:`aget_session_and_task`'s answer: the session (None: not the caller's live one) and,
+    read in the same round trip, the task to be served (None: not visible; a handler applies
+    :func:`visible_task` to it, after the session was checked)."""
+
+    session: McpSession | None
+    task_id: str
+    task: Task | None
+    status_only: bool
+
+
+async def aget_session_and_task(
+    *, session_id: str, auth: AuthContext, task_id: str, status_only: bool
+) -> SessionAndTask | None:
+    """The session and the task a ``tasks/get``/``tasks/result`` names, in one database round trip.
+
+    None when that path is not available (SQLite, async reads off or failing): callers then read
+    each with :func:`aget_session` and :func:`aget_task`.
+    """
+    if not fastreads.available():
+        return None
+    where, params = _task_where(auth=auth, task_id=task_id)
+    try:
+        session, task = await fastreads.fetch_pair(
+            (McpSession, ['"id" = %s'], [session_id]),
+            (Task, where, params, _PAYLOAD_FIELDS if status_only else ()),
+        )
+    except fastreads.Unavailable:
+        return None
+    return SessionAndTask(
+        session=_live_session(session, auth=auth), task_id=task_id, task=task, status_only=status_only
+    )
+
+
+def visible_task(task: Task | None) -> Task:
+    """The task, or -32602 if it is missing (not found, someone else's) or expired."""
+    return _visible_task(task)
 
 
 def _visible_task(task: Task | None, *, now: dt.datetime | None = None) -> Task:

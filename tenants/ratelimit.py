@@ -23,6 +23,7 @@ import hashlib
 import math
 import threading
 import time
+import weakref
 from typing import Any, Literal
 
 from django.conf import settings
@@ -174,9 +175,10 @@ async def acount_request(
 ) -> bool:
     """``check_rate`` and (for a ``tasks/get``) ``note_poll`` from async code, in one Redis round trip.
 
-    ``row`` is the tenant's limits (:func:`tenants.selectors.cached_tenant_row`). A refused
-    request is uncounted, and a too-early poll charged, with one more round trip each. Returns
-    whether this was a poll sooner than ``pollInterval`` (known where the tenant has a read limit).
+    ``row`` is the tenant's limits (:func:`tenants.selectors.cached_tenant_row`). The count, the
+    poll note and a too-early poll's extra read are one Lua script; only a refusal costs a second
+    round trip (to uncount). Returns whether this was a poll sooner than ``pollInterval`` (known
+    where the tenant has a read limit).
     """
     penalty = None
     if get_conf().FLAG_PENALTY_S > 0:  # off: no penalty can exist, nothing to read
@@ -194,39 +196,78 @@ async def acount_request(
     window, _ = _window(now)
     key, prev_key = _key(auth.tenant_id, op_class, window), _key(auth.tenant_id, op_class, window - 1)
     poll_key, poll_ttl = _poll_key(auth=auth, task_id=polled_task_id or "", poll_interval_ms=poll_interval_ms)
+    if poll:
+        # A poll is a read: its count and an early poll's charge go to the same counter.
+        assert op_class == "read" and limit is not None
 
-    async def remote(r: Any) -> tuple[int, int, Any]:
-        pipe = r.pipeline(transaction=False)
-        if limit is not None:
-            _queue_count(pipe, prev_key, key)
-        if poll:
-            pipe.set(poll_key, repr(now), ex=poll_ttl, get=True)
-        out = await pipe.execute()
-        counts = _counted(out) if limit is not None else (0, 0)
-        return counts[0], counts[1], out[-1] if poll else None
+    async def remote(r: Any) -> tuple[int, int, bool]:
+        # One round trip: count, note the poll and, if it came too early, charge the extra read.
+        out = await _count_script(r)(
+            keys=[prev_key, key, poll_key],
+            args=[_COUNTER_TTL_S, int(limit is not None), int(poll), repr(now), poll_ttl, poll_interval_ms],
+        )
+        return int(out[0] or 0), int(out[1]), bool(out[2])
 
-    def local(store: kv.LocalStore) -> tuple[int, int, Any]:
-        counts = _local_count(store, prev_key, key) if limit is not None else (0, 0)
-        return counts[0], counts[1], store.getset(poll_key, repr(now), ttl_s=poll_ttl) if poll else None
+    def local(store: kv.LocalStore) -> tuple[int, int, bool]:
+        previous, current = _local_count(store, prev_key, key) if limit is not None else (0, 0)
+        early = poll and _too_early(store.getset(poll_key, repr(now), ttl_s=poll_ttl), now, poll_interval_ms)
+        if early:
+            store.incr(key, ttl_s=_COUNTER_TTL_S)
+        return previous, current, early
 
-    previous, current, last_poll = await kv.acall(remote, fallback=local)
+    previous, current, early = await kv.acall(remote, fallback=local)
     if limit is not None:
         refusal = _refusal(previous=previous, current=current, limit=limit, now=now, op_class=op_class)
+        if refusal is None and early:
+            # Polling faster than pollInterval costs an extra read, refused on its own.
+            refusal = _refusal(previous=previous, current=current + 1, limit=limit, now=now, op_class="read")
+            if refusal is not None:
+                await _auncount(key)  # the charge that did not fit
+        elif refusal is not None:
+            await _auncount(key, by=1 + int(early))  # refused requests do not count
         if refusal is not None:
-            await _auncount(key)  # refused requests do not count
             raise refusal
-    if poll and last_poll is not None and (now - float(last_poll)) * 1000 < poll_interval_ms:
-        # Polling faster than pollInterval costs an extra read.
-        read_limit = row.rate_read_per_min
-        assert read_limit is not None
-        await _acharge(tenant_id=auth.tenant_id, op_class="read", limit=read_limit, now=now)
-        return True
-    return False
+    return early
 
 
-async def _auncount(key: str) -> None:
+def _too_early(previous: Any, now: float, poll_interval_ms: int) -> bool:
+    """Whether a poll at ``now`` came sooner than ``poll_interval_ms`` after ``previous`` (a time or None)."""
+    return previous is not None and (now - float(previous)) * 1000 < poll_interval_ms
+
+
+#: KEYS: previous window, this window, poll note. ARGV: counter ttl, count?, poll?, now, poll note
+#: ttl, poll interval (ms). Returns {previous count, this count (before any charge), charged?}.
+_COUNT_LUA = """
+local previous, current, charged = 0, 0, 0
+if ARGV[2] == '1' then
+  previous = tonumber(redis.call('GET', KEYS[1]) or '0')
+  current = redis.call('INCR', KEYS[2])
+  redis.call('EXPIRE', KEYS[2], ARGV[1])
+end
+if ARGV[3] == '1' then
+  local last = redis.call('SET', KEYS[3], ARGV[4], 'EX', ARGV[5], 'GET')
+  if last and (tonumber(ARGV[4]) - tonumber(last)) * 1000 < tonumber(ARGV[6]) then
+    redis.call('INCR', KEYS[2])
+    charged = 1
+  end
+end
+return {previous, current, charged}
+"""
+
+_scripts: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def _count_script(client: Any) -> Any:
+    """The counting script registered on ``client`` (EVALSHA, loaded again after a Redis restart)."""
+    script = _scripts.get(client)
+    if script is None:
+        script = _scripts[client] = client.register_script(_COUNT_LUA)
+    return script
+
+
+async def _auncount(key: str, *, by: int = 1) -> None:
     """:func:`_uncount` from async code."""
-    await kv.acall(lambda r: r.decr(key), fallback=lambda store: store.incr(key, ttl_s=_COUNTER_TTL_S, by=-1))
+    await kv.acall(lambda r: r.decrby(key, by), fallback=lambda store: store.incr(key, ttl_s=_COUNTER_TTL_S, by=-by))
 
 
 async def _acharge(*, tenant_id: int | str, op_class: OpClass, limit: int, now: float) -> None:

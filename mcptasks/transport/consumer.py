@@ -17,6 +17,7 @@ import secrets
 import weakref
 from typing import Any
 
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
@@ -90,6 +91,14 @@ class HttpError(Exception):
         self.body = body if body is not None else jsonrpc.error_response(rid, McpError(code, message))
 
 
+def _read_task_id(msg: Any) -> str | None:
+    """The task id of a well-formed ``tasks/get``/``tasks/result`` request, else None."""
+    if not isinstance(msg, jsonrpc.JSONRPCRequest) or msg.method not in ("tasks/get", "tasks/result"):
+        return None
+    task_id = msg.params.get("taskId") if isinstance(msg.params, dict) else None
+    return task_id if isinstance(task_id, str) and _TASK_ID.fullmatch(task_id) else None
+
+
 def _accepts(header: str, *types: str) -> bool:
     listed = {part.split(";")[0].strip().lower() for part in header.split(",")}
     return all(t in listed or "*/*" in listed for t in types)
@@ -130,6 +139,8 @@ class McpConsumer(AsyncHttpConsumer):
         self._layer_ok.set()
         self._layer_wanted = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._parsed_headers: dict[str, str] | None = None
+        self.prefetched: selectors.SessionAndTask | None = None
 
     # --- ASGI plumbing ------------------------------------------------------------------------
 
@@ -163,13 +174,15 @@ class McpConsumer(AsyncHttpConsumer):
             layers.remove_listener(self)
 
     async def dispatch(self, message: dict[str, Any]) -> None:
-        """Channels' dispatch, answering a database outage with 503 wherever it surfaces.
-
-        Channels closes stale connections before every handler; with the database gone that
-        reconnect fails outside any handler, which would otherwise be a 500 from the server.
-        """
+        """Channels' dispatch, answering a database outage with 503 wherever it surfaces."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
         try:
-            await super().dispatch(message)
+            # Channels would first close stale database connections (a thread hop on every
+            # message). Every ORM call here goes through database_sync_to_async, which does that
+            # in its own thread before and after the call; async reads use their own connection.
+            await handler(message)
         except (OperationalError, InterfaceError) as exc:
             logger.warning("database unavailable: %s", type(exc).__name__)
             await self._unavailable()
@@ -384,14 +397,18 @@ class McpConsumer(AsyncHttpConsumer):
             await self._send_json(exc.status, exc.body, exc.headers)
 
     def _header(self, name: str) -> str:
-        target = name.lower().encode()
-        for key, value in self.scope.get("headers", []):
-            if key.lower() == target:
-                return str(value.decode("latin-1"))
-        return ""
+        """The first value of header ``name`` (lower case), or ""."""
+        return self._headers().get(name, "")
 
     def _headers(self) -> dict[str, str]:
-        return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in self.scope.get("headers", [])}
+        """The request's headers by lower-case name (the first of repeated ones), decoded once."""
+        parsed = self._parsed_headers
+        if parsed is None:
+            parsed = {}
+            for k, v in self.scope.get("headers", []):
+                parsed.setdefault(k.decode("latin-1").lower(), v.decode("latin-1"))
+            self._parsed_headers = parsed
+        return parsed
 
     def _check_host_and_origin(self) -> None:
         host = self._header("host")
@@ -465,14 +482,29 @@ class McpConsumer(AsyncHttpConsumer):
         slug = self.scope.get("url_route", {}).get("kwargs", {}).get("tenant")
         return str(slug) if slug else None
 
-    async def _load_session(self, *, required: bool = True) -> McpSession | None:
+    async def _load_session(
+        self, *, required: bool = True, task_id: str | None = None, status_only: bool = False
+    ) -> McpSession | None:
+        """The request's session (400 without the header, 404 if it is not the caller's live one).
+
+        ``task_id``: the request reads that task (``tasks/get``, ``tasks/result``); it is read in
+        the same database round trip where possible and kept for the handler (``self.prefetched``).
+        """
         sid = self._header("mcp-session-id")
         if not sid:
             if required:
                 raise HttpError(400, "Bad Request: Mcp-Session-Id header is required")
             return None
         assert self.auth is not None
-        session = await selectors.aget_session(session_id=sid, auth=self.auth)
+        both = None
+        if task_id is not None:
+            both = await selectors.aget_session_and_task(
+                session_id=sid, auth=self.auth, task_id=task_id, status_only=status_only
+            )
+        if both is not None:
+            session, self.prefetched = both.session, both
+        else:
+            session = await selectors.aget_session(session_id=sid, auth=self.auth)
         if session is None:
             raise HttpError(404, "Session not found")
         if services.session_needs_touch(session=session):
@@ -499,7 +531,9 @@ class McpConsumer(AsyncHttpConsumer):
             self.session = None  # initialize always opens a new session
         else:
             # Everything else needs the session initialize opened (spec: 400 without the header).
-            self.session = await self._load_session()
+            task_id = _read_task_id(msg)
+            status_only = isinstance(msg, jsonrpc.JSONRPCRequest) and msg.method == "tasks/get"
+            self.session = await self._load_session(task_id=task_id, status_only=status_only)
         if isinstance(msg, jsonrpc.JSONRPCNotification):
             await self._notification(msg)
             await self._send_raw(202, b"", [])
@@ -582,7 +616,8 @@ class McpConsumer(AsyncHttpConsumer):
         session = self.session
         version = session.protocol_version if session is not None else versions.LATEST
         ctx = RequestContext(
-            auth=self.auth, session=session, protocol_version=version, request_id=rid, open_stream=self._open_stream
+            auth=self.auth, session=session, protocol_version=version, request_id=rid, open_stream=self._open_stream,
+            prefetched=self.prefetched,
         )
         try:
             result = await dispatcher.dispatch(ctx, msg.method, msg.params)

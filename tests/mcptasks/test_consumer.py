@@ -264,18 +264,32 @@ async def test_database_outage_is_a_503_with_retry_after(monkeypatch: pytest.Mon
     assert response["status"] == 503
 
 
-async def test_database_outage_before_any_handler_is_a_503(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Channels reconnects before every handler: a dead database there is a 503 too, not a 500."""
+async def test_no_reconnect_hop_per_message_and_an_outage_in_a_write_is_a_503(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Stale connections are closed (and reopened) in the ORM's thread by database_sync_to_async,
+    not before every message as Channels does: a ping makes no such hop. A dead database found
+    by a write is a 503, not a 500."""
     import channels.consumer
     from django.db import OperationalError
 
-    headers = await initialize()
+    from mcptasks import services
 
-    async def unavailable() -> None:
+    headers = await initialize()
+    hops: list[int] = []
+
+    async def counted() -> None:
+        hops.append(1)
+
+    monkeypatch.setattr(channels.consumer, "aclose_old_connections", counted)
+    assert (await post({"jsonrpc": "2.0", "id": 7, "method": "ping"}, headers))["status"] == 200
+    assert hops == []
+
+    def unavailable(**_: Any) -> None:
         raise OperationalError("connection failed: server closed the connection unexpectedly")
 
-    monkeypatch.setattr(channels.consumer, "aclose_old_connections", unavailable)
-    response = await post({"jsonrpc": "2.0", "id": 8, "method": "ping"}, headers)
+    monkeypatch.setattr(services, "mark_initialized", unavailable)
+    response = await post({"jsonrpc": "2.0", "method": "notifications/initialized"}, headers)
     assert response["status"] == 503
     assert headers_of(response)["retry-after"] == "5"
 

@@ -93,6 +93,51 @@ def test_sessions_are_scoped_like_the_orm_selector() -> None:
     assert fast.protocol_version == orm.protocol_version and fast.initialized is orm.initialized
 
 
+def test_session_and_task_in_one_read_match_the_separate_selectors() -> None:
+    """Every mix of a present/absent/foreign session and task: the same answers as two reads."""
+    owner = make_auth()
+    live, task = make_session(owner), make_task(owner)
+    ended = make_session(owner)
+    McpSession.objects.filter(pk=ended.pk).update(ended_at=timezone.now())
+    colleague = make_auth(tenant=_tenant_of(owner))
+    their_session = make_session(colleague)
+    neighbour = make_auth(tenant=None)
+
+    async def read(auth: Any, sid: str, task_id: str, status_only: bool) -> Any:
+        try:
+            return await selectors.aget_session_and_task(
+                session_id=sid, auth=auth, task_id=task_id, status_only=status_only
+            )
+        finally:
+            await fastreads.close()
+
+    cases = 0
+    for auth in (owner, colleague, neighbour):
+        for sid in (live.pk, ended.pk, their_session.pk, "no-such-session"):
+            for task_id in (task.task_id, "no-such-task"):
+                for status_only in (True, False):
+                    both = async_to_sync(read)(auth, sid, task_id, status_only)
+                    assert both is not None, "the one-read path should be taken here"
+                    session = selectors.get_session(session_id=sid, auth=auth)
+                    assert (both.session.pk if both.session else None) == (session.pk if session else None)
+                    try:
+                        expected: Any = selectors.get_task(auth=auth, task_id=task_id)
+                    except McpError as exc:
+                        expected = exc.message
+                    try:
+                        got: Any = selectors.visible_task(both.task)
+                    except McpError as exc:
+                        got = exc.message
+                    if isinstance(expected, Task):
+                        assert got.pk == expected.pk and got.wire() == expected.wire()
+                        deferred = got.get_deferred_fields()
+                        assert ({"params", "result", "error"} <= deferred) if status_only else not deferred
+                    else:
+                        assert got == expected
+                    cases += 1
+    assert cases == 48
+
+
 def test_a_failing_async_connection_falls_back_to_the_orm(monkeypatch: pytest.MonkeyPatch) -> None:
     owner = make_auth()
     task = make_task(owner)

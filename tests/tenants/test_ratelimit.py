@@ -172,7 +172,23 @@ def test_async_counting_matches_the_sync_rules(tenant: Tenant, auth: AuthContext
     counters.assert_not_called()
 
 
-def test_async_polling_faster_than_poll_interval_costs_an_extra_read(tenant: Tenant, auth: AuthContext) -> None:
+def _use(redis: str, settings: Any) -> None:
+    from tenants import kv
+
+    if redis == "redis":
+        from tests.support.requirements import require_redis
+
+        require_redis()
+    else:
+        settings.REDIS_URL = ""
+        kv.reset()
+
+
+@pytest.mark.parametrize("redis", ["redis", "in-process"])
+def test_async_polling_faster_than_poll_interval_costs_an_extra_read(
+    tenant: Tenant, auth: AuthContext, settings: Any, redis: str
+) -> None:
+    _use(redis, settings)
     _set(tenant, rate_read_per_min=4)
     with mock.patch("tenants.ratelimit.time.time", return_value=T0 + 1):
         _acount(auth, "read", polled="task-1")  # 1 read
@@ -198,4 +214,27 @@ def test_async_counting_is_one_round_trip(tenant: Tenant, auth: AuthContext) -> 
 
     with mock.patch("tenants.ratelimit.kv.acall", counted):
         _acount(auth, "read", polled="task-1")
-    assert calls == [1]
+        assert calls == [1]
+        # A poll sooner than pollInterval is charged in the same round trip.
+        _acount(auth, "read", polled="task-1")
+    assert calls == [1, 1]
+
+
+@pytest.mark.parametrize("redis", ["redis", "in-process"])
+def test_async_early_poll_charge_that_does_not_fit_is_refused_and_uncounted(
+    tenant: Tenant, auth: AuthContext, settings: Any, redis: str
+) -> None:
+    _use(redis, settings)
+    _set(tenant, rate_read_per_min=2)
+    with mock.patch("tenants.ratelimit.time.time", return_value=T0 + 1):
+        _acount(auth, "read", polled="task-1")  # 1
+        with pytest.raises(RateLimited):
+            _acount(auth, "read", polled="task-1")  # 2, and the charge (3) does not fit
+        # The poll itself counted, its refused charge did not: 2 of 2 used.
+        with pytest.raises(RateLimited):
+            check_rate(auth=auth, op_class="read")
+    _set(tenant, rate_read_per_min=3)
+    with mock.patch("tenants.ratelimit.time.time", return_value=T0 + 1):
+        check_rate(auth=auth, op_class="read")  # the refused charge left room for exactly one more
+        with pytest.raises(RateLimited):
+            check_rate(auth=auth, op_class="read")
