@@ -2,7 +2,7 @@
 
 Drives ``mcptasks.asgi:application`` and the bare Channels consumer
 (``bench/peers/bare_consumer.py``) with in-process ASGI calls on PostgreSQL + Redis, a real
-bearer token and the full auth and rate-limit path, and prints microseconds of wall time per
+bearer token and the full auth and rate-limit path, and prints microseconds of CPU time per
 request for each (one client at a time, then ``CONCURRENCY`` at once). The ratio says how much
 of a request is the application rather than the server; ``--profile`` writes a cProfile of the
 mcptasks run to ``bench-inproc.prof``.
@@ -121,7 +121,7 @@ async def _prepare(app: Any, headers: list[tuple[bytes, bytes]]) -> tuple[list[t
 
 
 async def _run(app: Any, path: str, body: bytes, headers: list[tuple[bytes, bytes]], n: int, conc: int) -> float:
-    """Microseconds of wall time per request with ``conc`` clients at once."""
+    """Microseconds of this process's CPU time per request with ``conc`` clients at once."""
     remaining = n
 
     async def client() -> None:
@@ -131,9 +131,9 @@ async def _run(app: Any, path: str, body: bytes, headers: list[tuple[bytes, byte
             status, _, out = await call(app, path, body, headers)
             assert status == 200, out
 
-    start = time.perf_counter()
+    start = time.process_time()
     await asyncio.gather(*(client() for _ in range(conc)))
-    return (time.perf_counter() - start) / n * 1e6
+    return (time.process_time() - start) / n * 1e6
 
 
 async def main() -> None:
@@ -156,7 +156,7 @@ async def main() -> None:
         if prof:
             prof.disable()
             prof.dump_stats("bench-inproc.prof")
-        print(f"tasks/get, {conc} at once: mcptasks {m:.0f} us/request, bare consumer {b:.0f} us/request "
+        print(f"tasks/get, {conc} at once: mcptasks {m:.0f} us CPU/request, bare consumer {b:.0f} us CPU/request "
               f"(application share {m - b:.0f} us, {m / b:.1f}x the bare consumer)", flush=True)
 
 

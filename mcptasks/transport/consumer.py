@@ -156,14 +156,18 @@ class McpConsumer(AsyncHttpConsumer):
         self.scope = scope
         self._loop = asyncio.get_running_loop()
         self.channel_layer = get_channel_layer(self.channel_layer_alias)
-        if self.channel_layer is not None:
-            self.channel_name = await self.channel_layer.new_channel()
         self.base_send = send
-        sources: list[Any] = [receive, self._local.get]
-        if self.channel_layer is not None:
-            sources.append(self._layer_receive)
         try:
             with contextlib.suppress(StopConsumer):
+                # Until a stream opens, only the HTTP connection can send us anything: read it
+                # directly. A plain JSON answer (tasks/get, the hot path) then ends here without
+                # starting, and cancelling, a waiter per source.
+                while not self.streaming:
+                    await self.dispatch(await receive())
+                sources: list[Any] = [receive, self._local.get]
+                if self.channel_layer is not None:
+                    # Messages sent to our channel since we joined a group wait in the layer.
+                    sources.append(self._layer_receive)
                 await await_many_dispatch(sources, self.dispatch)
         finally:
             # However the consumer ends (finished, disconnected, cancelled by the server), no
@@ -356,6 +360,9 @@ class McpConsumer(AsyncHttpConsumer):
         """Join ``group``; if the layer fails, the stream falls back to the store (and rejoins)."""
         if self.channel_layer is None:
             return
+        if not self.groups_joined:
+            # Named only now: a request that never joins a group never needs a channel.
+            self.channel_name = await self.channel_layer.new_channel()
         self.groups_joined.append(group)
         self._layer_wanted.set()
         if self.layer_degraded:
