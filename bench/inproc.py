@@ -5,12 +5,13 @@ Drives ``mcptasks.asgi:application`` and the bare Channels consumer
 bearer token and the full auth and rate-limit path, and prints microseconds of CPU time per
 request for each (one client at a time, then ``CONCURRENCY`` at once). The ratio says how much
 of a request is the application rather than the server; ``--profile`` writes a cProfile of the
-mcptasks run to ``bench-inproc.prof``.
+mcptasks run to ``bench-inproc.prof``; ``--create`` also measures ``tools/call`` creating tasks (no worker runs
+them: they stay ``working``).
 
 Usage (a scratch database: it is migrated and written to)::
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/h4 REDIS_URL=redis://127.0.0.1:6379/4 \\
-        .venv/bin/python bench/inproc.py [REQUESTS] [--profile]
+        .venv/bin/python bench/inproc.py [REQUESTS] [--profile] [--create]
 """
 
 from __future__ import annotations
@@ -158,6 +159,15 @@ async def main() -> None:
             prof.dump_stats("bench-inproc.prof")
         print(f"tasks/get, {conc} at once: mcptasks {m:.0f} us CPU/request, bare consumer {b:.0f} us CPU/request "
               f"(application share {m - b:.0f} us, {m / b:.1f}x the bare consumer)", flush=True)
+    if "--create" in sys.argv:
+        create = json.dumps({"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": {
+            "name": "demo_sleep", "arguments": {"ms": 1}, "task": {"ttl": 60_000}}}).encode()
+        for conc in (1, CONCURRENCY):
+            wall = time.perf_counter()
+            m = await _run(application, "/mcp", create, session, n // 3, conc)
+            wall = (time.perf_counter() - wall) / (n // 3) * 1e6
+            print(f"tools/call with task, {conc} at once: {m:.0f} us CPU/request, {wall:.0f} us wall/request",
+                  flush=True)
 
 
 if __name__ == "__main__":

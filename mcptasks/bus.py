@@ -106,8 +106,48 @@ async def group_send(group: str, message: dict[str, Any]) -> bool:
     return True
 
 
+#: The event loop of this process's server or worker (see :func:`serve_on`).
+_loop: asyncio.AbstractEventLoop | None = None
+_sending: set[asyncio.Future[Any]] = set()
+
+
+def serve_on(loop: asyncio.AbstractEventLoop | None) -> None:
+    """Route sends made by sync code in this process's threads to ``loop``, without waiting.
+
+    The web process's database work runs in one thread that every request shares; a send that
+    waited there for Redis would hold up every other request's database call behind it.
+    """
+    global _loop
+    _loop = loop
+
+
+def _serving_loop() -> asyncio.AbstractEventLoop | None:
+    loop = _loop
+    return loop if loop is not None and loop.is_running() and not loop.is_closed() else None
+
+
+def _spawn(coro: Any) -> None:
+    """On the serving loop: run ``coro`` in the background, keeping a reference until it ends."""
+    future = asyncio.ensure_future(coro)
+    _sending.add(future)
+    future.add_done_callback(_sending.discard)
+
+
+async def flush(*, within_s: float) -> None:
+    """Wait (up to ``within_s``) for the sends still in flight on this loop (shutdown)."""
+    pending = [f for f in _sending if not f.done()]
+    if pending:
+        await asyncio.wait(pending, timeout=within_s)
+
+
 def _layer_send(group: str, message: dict[str, Any]) -> None:
     if get_channel_layer() is None:
+        return
+    loop = _serving_loop()
+    if loop is not None:
+        # Fire and forget (group_send logs and absorbs its own failures; receivers re-read the
+        # store on their own, so a late or lost signal only delays them).
+        loop.call_soon_threadsafe(_spawn, group_send(group, message))
         return
     try:
         async_to_sync(group_send)(group, message)
@@ -159,8 +199,46 @@ def signal_task(task_id: str, event: str, **extra: Any) -> None:
 
 
 def wake_workers() -> None:
-    """Tell idle workers that a task is waiting to be claimed."""
-    _layer_send(WORKERS_GROUP, {"type": "worker.wake"})
+    """Tell idle workers that a task is waiting to be claimed.
+
+    From a serving process, wake-ups coalesce: the first is sent at once; requests made while
+    it is sent, or within ``WAKE_GAP_S`` after it, become one more send at the end of that gap.
+    A burst of creations wakes the workers a few times, not once per task (every wake-up makes
+    idle workers claim all they can), and a group send costs more than creating the task.
+    """
+    loop = _serving_loop()
+    if loop is None or get_channel_layer() is None:
+        _layer_send(WORKERS_GROUP, {"type": "worker.wake"})
+        return
+    loop.call_soon_threadsafe(_request_wake)
+
+
+_wake = {"running": False, "again": False}
+
+
+def _request_wake() -> None:
+    # Runs on the serving loop only: no lock needed for _wake.
+    if _wake["running"]:
+        _wake["again"] = True
+        return
+    _wake["running"] = True
+    _spawn(_send_wakes())
+
+
+#: The shortest time between two wake-ups sent by one process (see :func:`wake_workers`).
+WAKE_GAP_S = 0.02
+
+
+async def _send_wakes() -> None:
+    try:
+        while True:
+            _wake["again"] = False
+            await group_send(WORKERS_GROUP, {"type": "worker.wake"})
+            await asyncio.sleep(WAKE_GAP_S)
+            if not _wake["again"]:
+                return
+    finally:
+        _wake["running"] = False
 
 
 def signal_session(session_id: str, event: str) -> None:

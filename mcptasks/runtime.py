@@ -20,7 +20,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
-from . import audit, conf, services
+from . import audit, bus, conf, services
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,7 @@ class EmbeddedRuntime:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if not self.started and scope.get("type") in ("http", "lifespan"):
             self.started = True
+            bus.serve_on(asyncio.get_running_loop())
             self.start()
         await self.app(scope, receive, send)
 
@@ -81,6 +82,7 @@ class EmbeddedRuntime:
         try:
             closed = await asyncio.wait_for(close_all_streams(), timeout=2)
             logger.info("shutdown: closed %d open stream(s) with a retry hint", closed)
+            await bus.flush(within_s=1)  # signals of the last writes go out before the loop stops
             await asyncio.sleep(0.1)  # let the transport flush the final chunks
         except Exception:
             logger.warning("closing streams at shutdown failed", exc_info=True)

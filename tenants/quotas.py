@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 from django.db import transaction
-from django.db.models import F, Q, Value
+from django.db.models import F, Value
 from django.db.models.functions import Greatest
 
 from .exceptions import QuotaExceeded
@@ -24,21 +24,29 @@ def acquire_task_slot(*, tenant_id: int, principal_id: int) -> None:
     """Take one concurrency slot for a new non-terminal task of ``principal_id`` in ``tenant_id``.
 
     Must run inside the caller's ``transaction.atomic()`` that also creates the task, so the
-    slot and the task commit or roll back together. Works in a savepoint of its own: on
-    :class:`QuotaExceeded` no counter has changed, even if the caller catches the error.
-    Limits are read in the same statement as the increment (tenant) or from the tenant row
-    this transaction has just locked (principal), so admin edits apply immediately.
+    slot and the task commit or roll back together. On :class:`QuotaExceeded` no counter has
+    changed, even if the caller catches the error. Limits are read in the statements that
+    increment (the tenant's per-principal limit comes back from its UPDATE, under the row lock),
+    so admin edits apply immediately.
+
+    Two statements, tenant row first (the order :func:`release_task_slots` locks in, so the two
+    never deadlock): creating a task is on every client's path, and the ORM form of this (a
+    savepoint, two UPDATEs, a SELECT, the release) cost several times the round trips.
     """
-    if not transaction.get_connection().in_atomic_block:
+    connection = transaction.get_connection()
+    if not connection.in_atomic_block:
         raise RuntimeError("acquire_task_slot() must be called inside transaction.atomic()")
-    with transaction.atomic():
-        # Tenant: one UPDATE that both checks the limit column and increments (and locks the row).
-        took = (
-            Tenant.objects.filter(pk=tenant_id)
-            .filter(Q(max_concurrent_tasks__isnull=True) | Q(active_tasks__lt=F("max_concurrent_tasks")))
-            .update(active_tasks=F("active_tasks") + 1)
+    tenant_table, principal_table = _table(Tenant), _table(Principal)
+    with connection.cursor() as cursor:
+        # Identifiers come from the models' metadata; values are bound parameters.
+        cursor.execute(
+            f"UPDATE {tenant_table} SET active_tasks = active_tasks + 1 "  # noqa: S608
+            "WHERE id = %s AND (max_concurrent_tasks IS NULL OR active_tasks < max_concurrent_tasks) "
+            "RETURNING max_concurrent_tasks_per_principal",
+            [tenant_id],
         )
-        if took != 1:
+        took = cursor.fetchone()
+        if took is None:
             limit = Tenant.objects.filter(pk=tenant_id).values_list("max_concurrent_tasks", flat=True).first()
             if limit is None and not Tenant.objects.filter(pk=tenant_id).exists():
                 raise QuotaExceeded("Unknown tenant", {"limit": 0, "scope": "tenant"})
@@ -47,23 +55,26 @@ def acquire_task_slot(*, tenant_id: int, principal_id: int) -> None:
                 "wait for a task to finish or cancel one",
                 {"limit": limit, "scope": "tenant"},
             )
-        # The tenant row is now locked by this transaction: its per-principal limit is stable.
-        per_principal = (
-            Tenant.objects.filter(pk=tenant_id)
-            .values_list("max_concurrent_tasks_per_principal", flat=True)
-            .first()
+        per_principal = took[0]
+        below_limit, params = ("", []) if per_principal is None else (" AND active_tasks < %s", [per_principal])
+        cursor.execute(
+            f"UPDATE {principal_table} SET active_tasks = active_tasks + 1 "  # noqa: S608
+            f"WHERE id = %s AND tenant_id = %s{below_limit}",
+            [principal_id, tenant_id, *params],
         )
-        principal_rows = Principal.objects.filter(pk=principal_id, tenant_id=tenant_id)
-        if per_principal is not None:
-            principal_rows = principal_rows.filter(active_tasks__lt=per_principal)
-        took = principal_rows.update(active_tasks=F("active_tasks") + 1)
-        if took != 1:
-            # Raising leaves the savepoint: the tenant increment above is rolled back.
+        if cursor.rowcount != 1:
+            # Give the tenant's slot back: this transaction holds the row lock, so nobody saw it.
+            cursor.execute(f"UPDATE {tenant_table} SET active_tasks = active_tasks - 1 WHERE id = %s",  # noqa: S608
+                           [tenant_id])
             raise QuotaExceeded(
                 f"Too many concurrent tasks for this principal (limit {per_principal}); "
                 "wait for a task to finish or cancel one",
                 {"limit": per_principal if per_principal is not None else 0, "scope": "principal"},
             )
+
+
+def _table(model: type[Tenant] | type[Principal]) -> str:
+    return str(transaction.get_connection().ops.quote_name(model._meta.db_table))
 
 
 def release_task_slot(*, tenant_id: int, principal_id: int) -> None:

@@ -23,3 +23,63 @@ def test_numbering_continues_after_cleanup_removed_an_orphan_cursor() -> None:
     assert list(StreamEvent.objects.filter(stream_id=stream).order_by("seq").values_list("seq", flat=True)) == [
         1, 2, 3, 4,
     ]
+
+
+def _sender_spy(monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[str, dict[str, object]]], object]:
+    """Record group sends instead of sending; returns (sent, a release event the sends wait on)."""
+    import asyncio
+    import threading
+
+    sent: list[tuple[str, dict[str, object]]] = []
+    release = threading.Event()
+
+    async def fake_group_send(group: str, message: dict[str, object]) -> bool:
+        while not release.is_set():
+            await asyncio.sleep(0.005)
+        sent.append((group, message))
+        return True
+
+    monkeypatch.setattr(bus, "group_send", fake_group_send)
+    monkeypatch.setattr(bus, "get_channel_layer", lambda: object())
+    return sent, release
+
+
+async def test_signals_from_a_thread_do_not_wait_for_the_channel_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The database thread every request shares must not wait on Redis: a signal sent from it
+    returns at once, and the send happens on the serving loop."""
+    import asyncio
+
+    sent, release = _sender_spy(monkeypatch)
+    bus.serve_on(asyncio.get_running_loop())
+    try:
+        # Returns although the send cannot finish until released (it would block otherwise).
+        await asyncio.wait_for(asyncio.to_thread(bus.signal_task, "t1", "changed"), timeout=2)
+        assert sent == []
+        release.set()
+        await bus.flush(within_s=2)
+        assert sent == [(bus.task_group("t1"), {"type": "task.signal", "task_id": "t1", "event": "changed"})]
+    finally:
+        bus.serve_on(None)
+
+
+async def test_a_burst_of_wake_ups_becomes_a_few_sends(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    sent, release = _sender_spy(monkeypatch)
+    release.set()
+    bus.serve_on(asyncio.get_running_loop())
+    try:
+        for _ in range(50):
+            await asyncio.to_thread(bus.wake_workers)
+        await asyncio.sleep(bus.WAKE_GAP_S * 3)
+        await bus.flush(within_s=2)
+        wakes = [m for g, m in sent if g == bus.WORKERS_GROUP]
+        # The first at once, then at most one per gap: far fewer than 50, never zero after the last.
+        assert 1 <= len(wakes) < 50
+        count = len(wakes)
+        await asyncio.to_thread(bus.wake_workers)  # a later request is never lost
+        await asyncio.sleep(bus.WAKE_GAP_S * 3)
+        await bus.flush(within_s=2)
+        assert len([m for g, m in sent if g == bus.WORKERS_GROUP]) == count + 1
+    finally:
+        bus.serve_on(None)
