@@ -290,7 +290,6 @@ class Worker:
         """Claim and run tasks until ``stop`` is set, then drain within the shutdown grace."""
         stop = stop or asyncio.Event()
         s = conf.get()
-        bus.serve_on(asyncio.get_running_loop())
         await self._heartbeat_row()
         listener = asyncio.ensure_future(self._listen())
         heart = asyncio.ensure_future(self._heartbeat_loop())
@@ -331,8 +330,6 @@ class Worker:
                         # What this worker's runs appended is chained before it exits.
                         await self._housekeeping(audit.seal)()
                 await _db(services.worker_gone)(worker_id=self.worker_id)
-                # Signals of the last outcomes go out before the loop stops.
-                await bus.flush(within_s=s.LAYER_SEND_TIMEOUT_S)
                 # Abandoned sync tools (handed back) may still run: don't wait for them.
                 self.tool_executor.shutdown(wait=False, cancel_futures=True)
                 self._lease.shutdown()

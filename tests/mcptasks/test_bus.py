@@ -44,20 +44,22 @@ def _sender_spy(monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[str, dict[s
     return sent, release
 
 
-async def test_signals_from_a_thread_do_not_wait_for_the_channel_layer(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The database thread every request shares must not wait on Redis: a signal sent from it
-    returns at once, and the send happens on the serving loop."""
+async def test_wake_ups_from_a_thread_do_not_wait_for_the_channel_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Task creation runs in the database thread every request shares: its wake-up returns at
+    once and is sent on the serving loop. Other signals still wait for their send."""
     import asyncio
 
     sent, release = _sender_spy(monkeypatch)
     bus.serve_on(asyncio.get_running_loop())
     try:
         # Returns although the send cannot finish until released (it would block otherwise).
-        await asyncio.wait_for(asyncio.to_thread(bus.signal_task, "t1", "changed"), timeout=2)
+        await asyncio.wait_for(asyncio.to_thread(bus.wake_workers), timeout=2)
         assert sent == []
         release.set()
         await bus.flush(within_s=2)
-        assert sent == [(bus.task_group("t1"), {"type": "task.signal", "task_id": "t1", "event": "changed"})]
+        assert sent == [(bus.WORKERS_GROUP, {"type": "worker.wake"})]
+        await asyncio.wait_for(asyncio.to_thread(bus.signal_task, "t1", "changed"), timeout=2)
+        assert sent[-1] == (bus.task_group("t1"), {"type": "task.signal", "task_id": "t1", "event": "changed"})
     finally:
         bus.serve_on(None)
 
