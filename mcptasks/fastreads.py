@@ -113,19 +113,25 @@ async def fetch_one(
     skip only what they never read). Raises :class:`Unavailable` when the database cannot be
     reached this way; the caller then uses the ORM.
     """
-    global _failed_until
     sql, names = _select(model, where, skip)
+    row = await _first_row(sql, params)
+    if row is None:
+        return None
+    return model.from_db("default", names, row)
+
+
+async def _first_row(sql: str, params: Sequence[Any]) -> Any:
+    """The first row of ``sql`` on this loop's connection; :class:`Unavailable` (and the ORM for
+    ``RETRY_AFTER_S``) if the database cannot be reached this way."""
+    global _failed_until
     try:
         conn = await _connection()
         cur = await conn.execute(sql, list(params), prepare=True)
-        row = await cur.fetchone()
+        return await cur.fetchone()
     except Exception as exc:
         _failed_until = time.monotonic() + RETRY_AFTER_S
         logger.warning("async read failed (%s); using the ORM for %.0f s", type(exc).__name__, RETRY_AFTER_S)
         raise Unavailable from exc
-    if row is None:
-        return None
-    return model.from_db("default", names, row)
 
 
 async def fetch_pair(
@@ -136,7 +142,6 @@ async def fetch_pair(
 
     Either may be missing (None). One statement, so both rows come from the same snapshot.
     """
-    global _failed_until
     model_a, where_a, params_a = first
     model_b, where_b, params_b, skip_b = second
     sql_a, names_a = _select(model_a, where_a, ())
@@ -146,14 +151,7 @@ async def fetch_pair(
     if sql is None:
         # Each side is at most one row; FULL JOIN ON TRUE keeps whichever exists.
         sql = _pair_sql[key] = f"SELECT * FROM ({sql_a}) AS a FULL JOIN ({sql_b}) AS b ON TRUE"  # noqa: S608
-    try:
-        conn = await _connection()
-        cur = await conn.execute(sql, [*params_a, *params_b], prepare=True)
-        row = await cur.fetchone()
-    except Exception as exc:
-        _failed_until = time.monotonic() + RETRY_AFTER_S
-        logger.warning("async read failed (%s); using the ORM for %.0f s", type(exc).__name__, RETRY_AFTER_S)
-        raise Unavailable from exc
+    row = await _first_row(sql, [*params_a, *params_b])
     if row is None:
         return None, None
     a_row, b_row = row[: len(names_a)], row[len(names_a):]

@@ -145,8 +145,7 @@ def _acount(auth: AuthContext, op_class: str, polled: str | None = None, interva
                                   poll_interval_ms=interval_ms, row=row)
 
 
-@pytest.mark.parametrize("redis", ["redis", "in-process"])
-def test_async_counting_matches_the_sync_rules(tenant: Tenant, auth: AuthContext, settings: Any, redis: str) -> None:
+def _use(redis: str, settings: Any) -> None:
     from tenants import kv
 
     if redis == "redis":
@@ -156,6 +155,11 @@ def test_async_counting_matches_the_sync_rules(tenant: Tenant, auth: AuthContext
     else:
         settings.REDIS_URL = ""
         kv.reset()
+
+
+@pytest.mark.parametrize("redis", ["redis", "in-process"])
+def test_async_counting_matches_the_sync_rules(tenant: Tenant, auth: AuthContext, settings: Any, redis: str) -> None:
+    _use(redis, settings)
     _set(tenant, rate_other_per_min=3)
     with mock.patch("tenants.ratelimit.time.time", return_value=T0 + 1):
         for _ in range(3):
@@ -170,18 +174,6 @@ def test_async_counting_matches_the_sync_rules(tenant: Tenant, auth: AuthContext
     with mock.patch("tenants.ratelimit.kv.acall") as counters:
         _acount(auth, "create")
     counters.assert_not_called()
-
-
-def _use(redis: str, settings: Any) -> None:
-    from tenants import kv
-
-    if redis == "redis":
-        from tests.support.requirements import require_redis
-
-        require_redis()
-    else:
-        settings.REDIS_URL = ""
-        kv.reset()
 
 
 @pytest.mark.parametrize("redis", ["redis", "in-process"])
