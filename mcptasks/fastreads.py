@@ -41,7 +41,7 @@ RETRY_AFTER_S = 2.0
 _conns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
 _locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
 _failed_until = 0.0
-_sql_cache: dict[tuple[type[Model], tuple[str, ...], tuple[str, ...]], tuple[str, list[str]]] = {}
+_sql_cache: dict[tuple[type[Model], tuple[str, ...], tuple[str, ...], str], tuple[str, list[str]]] = {}
 
 
 def available() -> bool:
@@ -89,19 +89,30 @@ async def _connection() -> Any:
     return conn
 
 
-def _select(model: type[M], where: Sequence[str], skip: Sequence[str]) -> tuple[str, list[str]]:
-    key = (model, tuple(where), tuple(skip))
+def _select(model: type[M], where: Sequence[str], skip: Sequence[str], tail: str = "LIMIT 1") -> tuple[str, list[str]]:
+    key = (model, tuple(where), tuple(skip), tail)
     cached = _sql_cache.get(key)
     if cached is None:
         fields = [f for f in model._meta.concrete_fields if f.name not in skip]
         names = [f.attname for f in fields]
         cols = ", ".join(f'"{f.column}"' for f in fields)
         cond = " AND ".join(where)
-        # Identifiers come from the model's own metadata and the callers' fixed conditions; values
-        # are always bound parameters.
-        sql = f'SELECT {cols} FROM "{model._meta.db_table}" WHERE {cond} LIMIT 1'  # noqa: S608
+        # Identifiers come from the model's own metadata and the callers' fixed conditions and
+        # orderings; values are always bound parameters.
+        sql = f'SELECT {cols} FROM "{model._meta.db_table}" WHERE {cond} {tail}'  # noqa: S608
         cached = _sql_cache[key] = (sql, names)
     return cached
+
+
+async def fetch_many(
+    model: type[M], *, where: Sequence[str], params: Sequence[Any], order_by: str, limit: int,
+    skip: Sequence[str] = (),
+) -> list[M]:
+    """Up to ``limit`` rows of ``model`` matching ``where``, ordered by ``order_by`` (a fixed SQL
+    ordering), as instances; :class:`Unavailable` as for :func:`fetch_one`."""
+    sql, names = _select(model, where, skip, tail=f"ORDER BY {order_by} LIMIT %s")
+    rows = await _read(sql, [*params, limit], all_rows=True)
+    return [model.from_db("default", names, row) for row in rows]
 
 
 async def fetch_one(
@@ -121,13 +132,18 @@ async def fetch_one(
 
 
 async def _first_row(sql: str, params: Sequence[Any]) -> Any:
-    """The first row of ``sql`` on this loop's connection; :class:`Unavailable` (and the ORM for
-    ``RETRY_AFTER_S``) if the database cannot be reached this way."""
+    """The first row of ``sql`` (or None); see :func:`_read`."""
+    return await _read(sql, params, all_rows=False)
+
+
+async def _read(sql: str, params: Sequence[Any], *, all_rows: bool) -> Any:
+    """Run ``sql`` on this loop's connection: every row or the first; :class:`Unavailable` (and
+    the ORM for ``RETRY_AFTER_S``) if the database cannot be reached this way."""
     global _failed_until
     try:
         conn = await _connection()
         cur = await conn.execute(sql, list(params), prepare=True)
-        return await cur.fetchone()
+        return await (cur.fetchall() if all_rows else cur.fetchone())
     except Exception as exc:
         _failed_until = time.monotonic() + RETRY_AFTER_S
         logger.warning("async read failed (%s); using the ORM for %.0f s", type(exc).__name__, RETRY_AFTER_S)

@@ -264,9 +264,7 @@ async def tasks_list(ctx: RequestContext, params: PaginatedParams) -> dict[str, 
     """The caller's tasks, newest first."""
     if ctx.auth.anonymous:
         raise McpError(METHOD_NOT_FOUND, "tasks/list is not offered to anonymous callers")
-    page = await sync_to_async(selectors.list_tasks)(
-        auth=ctx.auth, cursor=params.cursor, page_size=conf.get().TASK_LIST_PAGE_SIZE
-    )
+    page = await selectors.alist_tasks(auth=ctx.auth, cursor=params.cursor, page_size=conf.get().TASK_LIST_PAGE_SIZE)
     out: dict[str, Any] = {"tasks": [t.wire() for t in page.tasks]}
     if page.next_cursor:
         out["nextCursor"] = page.next_cursor

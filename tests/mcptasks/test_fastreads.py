@@ -138,6 +138,59 @@ def test_session_and_task_in_one_read_match_the_separate_selectors() -> None:
     assert cases == 48
 
 
+def test_task_listing_pages_match_the_orm_selector() -> None:
+    """Every page (scoping, expiry, order, cursors) is what ``list_tasks`` answers."""
+    owner = make_auth()
+    colleague = make_auth(tenant=_tenant_of(owner))
+    admin = make_auth(tenant=_tenant_of(owner), scopes="mcp:tools mcp:tasks mcp:tasks:tenant")
+    neighbour = make_auth(tenant=None)
+    mine = [make_task(owner) for _ in range(5)]
+    theirs = [make_task(colleague) for _ in range(2)]
+    expire(mine[1])
+
+    async def pages(auth: Any, page_size: int) -> list[tuple[list[str], str | None]]:
+        out, cursor = [], None
+        assert fastreads.available(), "the async path should be taken here"
+        try:
+            while True:
+                page = await selectors.alist_tasks(auth=auth, cursor=cursor, page_size=page_size)
+                assert all({"params", "result", "error"} <= t.get_deferred_fields() for t in page.tasks)
+                out.append(([t.task_id for t in page.tasks], page.next_cursor))
+                if page.next_cursor is None:
+                    return out
+                cursor = page.next_cursor
+        finally:
+            await fastreads.close()
+
+    def orm_pages(auth: Any, page_size: int) -> list[tuple[list[str], str | None]]:
+        out, cursor = [], None
+        while True:
+            page = selectors.list_tasks(auth=auth, cursor=cursor, page_size=page_size)
+            out.append(([t.task_id for t in page.tasks], page.next_cursor))
+            if page.next_cursor is None:
+                return out
+            cursor = page.next_cursor
+
+    for auth in (owner, colleague, admin, neighbour):
+        for page_size in (1, 2, 50):
+            assert async_to_sync(pages)(auth, page_size) == orm_pages(auth, page_size), (auth, page_size)
+    listed = [tid for ids, _ in async_to_sync(pages)(admin, 2) for tid in ids]
+    assert sorted(listed) == sorted(t.task_id for t in [*mine, *theirs] if t.pk != mine[1].pk)
+    # Someone else's cursor is refused, as by the ORM selector.
+    first = selectors.list_tasks(auth=owner, cursor=None, page_size=1).next_cursor
+
+    async def with_cursor() -> str:
+        try:
+            await selectors.alist_tasks(auth=colleague, cursor=first, page_size=1)
+        except McpError as exc:
+            return exc.message
+        finally:
+            await fastreads.close()
+        return "accepted"
+
+    assert "Invalid cursor" in async_to_sync(with_cursor)()
+
+
 def test_a_failing_async_connection_falls_back_to_the_orm(monkeypatch: pytest.MonkeyPatch) -> None:
     owner = make_auth()
     task = make_task(owner)
