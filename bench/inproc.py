@@ -150,7 +150,7 @@ async def main() -> None:
     await _run(bare, "/", get, session, 300, 4)
     for conc in (1, CONCURRENCY):
         b = await _run(bare, "/", get, session, n, conc)
-        prof = cProfile.Profile() if profile and conc == CONCURRENCY else None
+        prof = cProfile.Profile(time.process_time) if profile and conc == CONCURRENCY else None
         if prof:
             prof.enable()
         m = await _run(application, "/mcp", get, session, n, conc)

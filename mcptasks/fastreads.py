@@ -5,7 +5,7 @@ one thread-sensitive executor, a connection health check, and the ORM's SQL comp
 together cost more than the query. The two reads nearly every request makes (its session and,
 for ``tasks/get``/``tasks/result``, its task) are made here instead, on one async connection per
 event loop, with SQL built once per model from its fields and rows turned into ordinary model
-instances (``Model.from_db``). They read committed data straight from the database, so a client
+instances (as ``Model.from_db`` makes them). They read committed data straight from the database, so a client
 that wrote through any process reads its write.
 
 Only committed rows are visible here: code that reads inside an ORM transaction of its own must
@@ -27,6 +27,9 @@ from typing import Any, TypeVar
 from django.conf import settings
 from django.db import connections
 from django.db.models import Model
+from django.db.models.base import ModelState
+
+from tenants.coalesce import Coalescer
 
 from . import conf
 
@@ -112,7 +115,7 @@ async def fetch_many(
     ordering), as instances; :class:`Unavailable` as for :func:`fetch_one`."""
     sql, names = _select(model, where, skip, tail=f"ORDER BY {order_by} LIMIT %s")
     rows = await _read(sql, [*params, limit], all_rows=True)
-    return [model.from_db("default", names, row) for row in rows]
+    return [_build(model, names, row) for row in rows]
 
 
 async def fetch_one(
@@ -125,15 +128,10 @@ async def fetch_one(
     reached this way; the caller then uses the ORM.
     """
     sql, names = _select(model, where, skip)
-    row = await _first_row(sql, params)
+    row = await _read(sql, params, all_rows=False)
     if row is None:
         return None
-    return model.from_db("default", names, row)
-
-
-async def _first_row(sql: str, params: Sequence[Any]) -> Any:
-    """The first row of ``sql`` (or None); see :func:`_read`."""
-    return await _read(sql, params, all_rows=False)
+    return _build(model, names, row)
 
 
 async def _read(sql: str, params: Sequence[Any], *, all_rows: bool) -> Any:
@@ -142,7 +140,13 @@ async def _read(sql: str, params: Sequence[Any], *, all_rows: bool) -> Any:
     global _failed_until
     try:
         conn = await _connection()
-        cur = await conn.execute(sql, list(params), prepare=True)
+        # A raw cursor takes PostgreSQL's own $n placeholders: psycopg does not parse the
+        # statement for %s on every call (it caches that only for short statements, and the
+        # batched ones are long).
+        from psycopg import AsyncRawCursor
+
+        cur = AsyncRawCursor(conn)
+        await cur.execute(_numbered(sql), list(params), prepare=True)
         return await (cur.fetchall() if all_rows else cur.fetchone())
     except Exception as exc:
         _failed_until = time.monotonic() + RETRY_AFTER_S
@@ -157,31 +161,99 @@ async def fetch_pair(
     """:func:`fetch_one` of two unrelated rows in one round trip: ``(model, where, params[, skip])``.
 
     Either may be missing (None). One statement, so both rows come from the same snapshot.
+    Concurrent calls of the same shape on one event loop share a statement (see
+    :class:`_PairBatches`): under load one round trip serves many requests.
     """
     model_a, where_a, params_a = first
     model_b, where_b, params_b, skip_b = second
     sql_a, names_a = _select(model_a, where_a, ())
     sql_b, names_b = _select(model_b, where_b, skip_b)
     key = (sql_a, sql_b)
-    sql = _pair_sql.get(key)
-    if sql is None:
-        # Each side is at most one row; FULL JOIN ON TRUE keeps whichever exists.
-        sql = _pair_sql[key] = f"SELECT * FROM ({sql_a}) AS a FULL JOIN ({sql_b}) AS b ON TRUE"  # noqa: S608
-    row = await _first_row(sql, [*params_a, *params_b])
+    batches = _pair_batches.get(key)
+    if batches is None:
+        batches = _pair_batches[key] = _PairBatches(sql_a, sql_b)
+    row = await batches.coalescer.call([*params_a, *params_b])
     if row is None:
         return None, None
     a_row, b_row = row[: len(names_a)], row[len(names_a):]
     return _instance(model_a, names_a, a_row), _instance(model_b, names_b, b_row)
 
 
+class _PairBatches:
+    """The pair reads of one shape, batched: ``n`` reads become one ``UNION ALL`` of ``n``
+    copies of the pair statement, each tagged with its position (statement text cached per
+    ``n``, so each size is prepared once per connection)."""
+
+    def __init__(self, sql_a: str, sql_b: str) -> None:
+        # Each side is at most one row; FULL JOIN ON TRUE keeps whichever exists.
+        self.pair_sql = f"SELECT * FROM ({sql_a}) AS a FULL JOIN ({sql_b}) AS b ON TRUE"  # noqa: S608
+        self.sized: dict[int, str] = {}
+        self.coalescer: Coalescer[list[Any], Any] = Coalescer(self._run, max_batch=MAX_BATCH)
+
+    def sql(self, n: int) -> str:
+        sql = self.sized.get(n)
+        if sql is None:
+            if n == 1:
+                sql = self.pair_sql
+            else:
+                # Built from the pair statement and integers only; values stay bound parameters.
+                sql = " UNION ALL ".join(
+                    f"SELECT {i} AS n, * FROM ({self.pair_sql}) AS p{i}" for i in range(n)  # noqa: S608
+                )
+            self.sized[n] = sql
+        return sql
+
+    async def _run(self, batch: Sequence[list[Any]]) -> list[Any]:
+        params = [p for item in batch for p in item]
+        if len(batch) == 1:
+            return [await _read(self.sql(1), params, all_rows=False)]
+        found: list[Any] = [None] * len(batch)
+        for row in await _read(self.sql(len(batch)), params, all_rows=True):
+            found[row[0]] = row[1:]
+        return found
+
+
+#: The most reads one batched statement carries.
+MAX_BATCH = 32
+_pair_batches: dict[tuple[str, str], _PairBatches] = {}
+
+
 def _instance(model: type[M], names: list[str], values: Sequence[Any]) -> M | None:
     # The primary key is never null in a stored row: null means this side had no row.
     if values[names.index(model._meta.pk.attname)] is None:
         return None
-    return model.from_db("default", names, values)
+    return _build(model, names, values)
 
 
-_pair_sql: dict[tuple[str, str], str] = {}
+def _build(model: type[M], names: list[str], values: Sequence[Any]) -> M:
+    """A model instance loaded from a row, as ``Model.from_db`` makes it, minus its cost.
+
+    ``from_db`` runs ``__init__`` (every field's descriptor, the init signals), which costs
+    more than the query on the request path. The instance is the same: field values in its
+    ``__dict__`` (fields not loaded stay deferred, read on access like the ORM's ``only()``),
+    ``_state`` saying it came from the database. The models read here have no init signals
+    (checked by tests/mcptasks/test_fastreads.py).
+    """
+    obj = model.__new__(model)
+    state = ModelState()
+    state.adding, state.db = False, "default"
+    obj._state = state
+    obj.__dict__.update(zip(names, values, strict=True))
+    return obj
+
+
+
+def _numbered(sql: str) -> str:
+    """``sql`` with its ``%s`` placeholders as ``$1``, ``$2``, ... (cached per statement)."""
+    numbered = _numbered_sql.get(sql)
+    if numbered is None:
+        parts = sql.split("%s")
+        numbered = parts[0] + "".join(f"${i}{part}" for i, part in enumerate(parts[1:], start=1))
+        _numbered_sql[sql] = numbered
+    return numbered
+
+
+_numbered_sql: dict[str, str] = {}
 
 
 class Unavailable(Exception):

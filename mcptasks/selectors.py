@@ -48,11 +48,25 @@ def _sees_whole_tenant(auth: AuthContext) -> bool:
     return auth.has_scope("mcp:tasks:tenant") and not auth.anonymous
 
 
-def _task_queryset(*, auth: AuthContext) -> Any:
-    qs = Task.objects.filter(tenant_id=auth.tenant_id, kind=Task.Kind.TASK)
+def _task_scope(*, auth: AuthContext) -> dict[str, Any]:
+    """The conditions of every task read, by field: the caller's tenant, tasks (not plain
+    requests), and the caller's own unless it may see the whole tenant. The ORM and the async
+    reads both build on it."""
+    scope: dict[str, Any] = {"tenant_id": auth.tenant_id, "kind": Task.Kind.TASK.value}
     if not _sees_whole_tenant(auth):
-        qs = qs.filter(principal_id=auth.principal_id)
-    return qs
+        scope["principal_id"] = auth.principal_id
+    return scope
+
+
+def _task_queryset(*, auth: AuthContext) -> Any:
+    return Task.objects.filter(**_task_scope(auth=auth))
+
+
+def _task_where(*, auth: AuthContext, **extra: Any) -> tuple[list[str], list[Any]]:
+    """:func:`_task_scope` and ``extra`` (field=value) as SQL conditions and parameters (fastreads)."""
+    conditions = {**_task_scope(auth=auth), **extra}
+    columns = {f.attname: f.column for f in Task._meta.concrete_fields}
+    return [f'"{columns[name]}" = %s' for name in conditions], list(conditions.values())
 
 
 def get_task(*, auth: AuthContext, task_id: str, now: dt.datetime | None = None) -> Task:
@@ -78,16 +92,6 @@ async def aget_task(*, auth: AuthContext, task_id: str, status_only: bool = Fals
             )
             return _visible_task(row)
     return await sync_to_async(get_task)(auth=auth, task_id=task_id)
-
-
-def _task_where(*, auth: AuthContext, task_id: str) -> tuple[list[str], list[Any]]:
-    """:func:`_task_queryset` + the task id as SQL conditions and parameters (for fastreads)."""
-    where = ['"tenant_id" = %s', '"kind" = %s', '"task_id" = %s']
-    params: list[Any] = [auth.tenant_id, Task.Kind.TASK.value, task_id]
-    if not _sees_whole_tenant(auth):
-        where.append('"principal_id" = %s')
-        params.append(auth.principal_id)
-    return where, params
 
 
 @dataclass(frozen=True)
@@ -170,11 +174,9 @@ async def alist_tasks(*, auth: AuthContext, cursor: str | None, page_size: int) 
     The rows leave the arguments, result and error unloaded: a listing shows each task's status.
     """
     if fastreads.available():
-        where = ['"tenant_id" = %s', '"kind" = %s', '("expires_at" > %s OR "expires_at" IS NULL)']
-        params: list[Any] = [auth.tenant_id, Task.Kind.TASK.value, timezone.now()]
-        if not _sees_whole_tenant(auth):
-            where.append('"principal_id" = %s')
-            params.append(auth.principal_id)
+        where, params = _task_where(auth=auth)
+        where.append('("expires_at" > %s OR "expires_at" IS NULL)')
+        params.append(timezone.now())
         if cursor is not None:
             where.append('"seq" < %s')
             params.append(_decode_cursor(cursor, auth=auth))

@@ -24,12 +24,15 @@ import math
 import threading
 import time
 import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from django.conf import settings
 
 from . import kv
 from .auth import AuthContext
+from .coalesce import Coalescer
 from .conf import get as get_conf
 from .exceptions import RateLimited
 from .selectors import TenantRow, tenant_row
@@ -200,14 +203,6 @@ async def acount_request(
         # A poll is a read: its count and an early poll's charge go to the same counter.
         assert op_class == "read" and limit is not None
 
-    async def remote(r: Any) -> tuple[int, int, bool]:
-        # One round trip: count, note the poll and, if it came too early, charge the extra read.
-        out = await _count_script(r)(
-            keys=[prev_key, key, poll_key],
-            args=[_COUNTER_TTL_S, int(limit is not None), int(poll), repr(now), poll_ttl, poll_interval_ms],
-        )
-        return int(out[0] or 0), int(out[1]), bool(out[2])
-
     def local(store: kv.LocalStore) -> tuple[int, int, bool]:
         previous, current = _local_count(store, prev_key, key) if limit is not None else (0, 0)
         early = poll and _too_early(store.getset(poll_key, repr(now), ttl_s=poll_ttl), now, poll_interval_ms)
@@ -215,7 +210,14 @@ async def acount_request(
             store.incr(key, ttl_s=_COUNTER_TTL_S)
         return previous, current, early
 
-    previous, current, early = await kv.acall(remote, fallback=local)
+    # One round trip, shared with the requests counted at the same time: count, note the poll
+    # and, if it came too early, charge the extra read.
+    item = _CountItem(
+        keys=(prev_key, key, poll_key),
+        args=(_COUNTER_TTL_S, int(limit is not None), int(poll), repr(now), poll_ttl, poll_interval_ms),
+        local=local,
+    )
+    previous, current, early = await _counts.call(item)
     if limit is not None:
         refusal = _refusal(previous=previous, current=current, limit=limit, now=now, op_class=op_class)
         if refusal is None and early:
@@ -235,24 +237,59 @@ def _too_early(previous: Any, now: float, poll_interval_ms: int) -> bool:
     return previous is not None and (now - float(previous)) * 1000 < poll_interval_ms
 
 
-#: KEYS: previous window, this window, poll note. ARGV: counter ttl, count?, poll?, now, poll note
-#: ttl, poll interval (ms). Returns {previous count, this count (before any charge), charged?}.
+#: Any number of counts at once, in order. Per count, KEYS: previous window, this window, poll
+#: note; ARGV: counter ttl, count?, poll?, now, poll note ttl, poll interval (ms). Returns, per
+#: count, {previous count, this count (before any charge), charged?}: the same as running them
+#: one after the other.
 _COUNT_LUA = """
-local previous, current, charged = 0, 0, 0
-if ARGV[2] == '1' then
-  previous = tonumber(redis.call('GET', KEYS[1]) or '0')
-  current = redis.call('INCR', KEYS[2])
-  redis.call('EXPIRE', KEYS[2], ARGV[1])
-end
-if ARGV[3] == '1' then
-  local last = redis.call('SET', KEYS[3], ARGV[4], 'EX', ARGV[5], 'GET')
-  if last and (tonumber(ARGV[4]) - tonumber(last)) * 1000 < tonumber(ARGV[6]) then
-    redis.call('INCR', KEYS[2])
-    charged = 1
+local out = {}
+for i = 0, #KEYS / 3 - 1 do
+  local k, a = i * 3, i * 6
+  local previous, current, charged = 0, 0, 0
+  if ARGV[a + 2] == '1' then
+    previous = tonumber(redis.call('GET', KEYS[k + 1]) or '0')
+    current = redis.call('INCR', KEYS[k + 2])
+    redis.call('EXPIRE', KEYS[k + 2], ARGV[a + 1])
   end
+  if ARGV[a + 3] == '1' then
+    local last = redis.call('SET', KEYS[k + 3], ARGV[a + 4], 'EX', ARGV[a + 5], 'GET')
+    if last and (tonumber(ARGV[a + 4]) - tonumber(last)) * 1000 < tonumber(ARGV[a + 6]) then
+      redis.call('INCR', KEYS[k + 2])
+      charged = 1
+    end
+  end
+  out[#out + 1] = previous
+  out[#out + 1] = current
+  out[#out + 1] = charged
 end
-return {previous, current, charged}
+return out
 """
+
+
+@dataclass(frozen=True)
+class _CountItem:
+    """One request's count for :data:`_counts`: the script's keys and arguments, and the same
+    count on the in-process store (used when Redis is unavailable)."""
+
+    keys: tuple[str, str, str]
+    args: tuple[Any, ...]
+    local: Callable[[kv.LocalStore], tuple[int, int, bool]]
+
+
+async def _count_batch(batch: Sequence[_CountItem]) -> list[tuple[int, int, bool]]:
+    """The counts of ``batch`` in one script call (each on the local store without Redis)."""
+
+    async def remote(r: Any) -> list[tuple[int, int, bool]]:
+        out = await _count_script(r)(
+            keys=[k for item in batch for k in item.keys], args=[a for item in batch for a in item.args]
+        )
+        return [(int(out[i] or 0), int(out[i + 1]), bool(out[i + 2])) for i in range(0, len(out), 3)]
+
+    return await kv.acall(remote, fallback=lambda store: [item.local(store) for item in batch])
+
+
+#: Counts made at the same time on one event loop share one round trip (see tenants.coalesce).
+_counts: Coalescer[_CountItem, tuple[int, int, bool]] = Coalescer(_count_batch, max_batch=32)
 
 _scripts: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 

@@ -70,7 +70,9 @@ def loads(body: bytes) -> Any:
         raise McpError(PARSE_ERROR, f"Parse error: {exc}") from None
     except RecursionError:
         raise McpError(PARSE_ERROR, f"Parse error: nested deeper than {MAX_DEPTH} levels") from None
-    if _depth_exceeds(obj, MAX_DEPTH):
+    # Nesting needs an opening bracket per level: a body with few of them (every ordinary
+    # request) cannot be too deep, and the walk is skipped.
+    if body.count(b"[") + body.count(b"{") > MAX_DEPTH and _depth_exceeds(obj, MAX_DEPTH):
         raise McpError(PARSE_ERROR, f"Parse error: nested deeper than {MAX_DEPTH} levels")
     return obj
 
@@ -111,20 +113,32 @@ def unstorable_string(obj: Any) -> str | None:
     return None
 
 
-def parse_message(obj: Any) -> Message:
-    """Classify one decoded JSON-RPC message, raising -32600 if it is none of the four kinds."""
+def may_hold_unstorable(body: bytes) -> bool:
+    """Whether the JSON text ``body`` can decode to a string that :func:`unstorable_string`
+    refuses: only a ``\\u`` escape can make one (a raw NUL is not valid JSON, a raw lone
+    surrogate not valid UTF-8), so a body without one needs no scan."""
+    return b"\\u" in body
+
+
+def parse_message(obj: Any, *, scan_strings: bool = True) -> Message:
+    """Classify one decoded JSON-RPC message, raising -32600 if it is none of the four kinds.
+
+    ``scan_strings=False`` skips the search for unstorable strings, for a message decoded from
+    a body that :func:`may_hold_unstorable` cleared.
+    """
     if isinstance(obj, list):
         raise McpError(INVALID_REQUEST, "Invalid Request: batches are not supported; send one message per POST")
     if not isinstance(obj, dict):
         raise McpError(INVALID_REQUEST, "Invalid Request: a JSON-RPC message must be an object")
     if obj.get("jsonrpc") != "2.0":
         raise McpError(INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"')
-    bad = unstorable_string({k: v for k, v in obj.items() if k != "params"})
-    if bad is not None:
-        raise McpError(INVALID_REQUEST, f"Invalid Request: strings must not contain {bad}")
-    bad = unstorable_string(obj.get("params"))
-    if bad is not None:
-        raise McpError(INVALID_PARAMS, f"Invalid params: strings must not contain {bad}")
+    if scan_strings:
+        bad = unstorable_string({k: v for k, v in obj.items() if k != "params"})
+        if bad is not None:
+            raise McpError(INVALID_REQUEST, f"Invalid Request: strings must not contain {bad}")
+        bad = unstorable_string(obj.get("params"))
+        if bad is not None:
+            raise McpError(INVALID_PARAMS, f"Invalid params: strings must not contain {bad}")
     try:
         if "method" in obj:
             if "id" in obj:

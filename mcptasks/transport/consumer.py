@@ -141,6 +141,8 @@ class McpConsumer(AsyncHttpConsumer):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._parsed_headers: dict[str, str] | None = None
         self.prefetched: selectors.SessionAndTask | None = None
+        # The well-formed task id a tasks/get or tasks/result names (see _read_task_id).
+        self.named_task_id: str | None = None
 
     # --- ASGI plumbing ------------------------------------------------------------------------
 
@@ -528,7 +530,7 @@ class McpConsumer(AsyncHttpConsumer):
             raise HttpError(415, "Unsupported Media Type: Content-Type must be application/json")
         try:
             raw = jsonrpc.loads(body)
-            msg = jsonrpc.parse_message(raw)
+            msg = jsonrpc.parse_message(raw, scan_strings=jsonrpc.may_hold_unstorable(body))
         except McpError as exc:
             rid = jsonrpc.request_id_of(raw) if exc.code != PARSE_ERROR else None
             await self._send_json(400, jsonrpc.error_response(rid, exc))
@@ -538,9 +540,9 @@ class McpConsumer(AsyncHttpConsumer):
             self.session = None  # initialize always opens a new session
         else:
             # Everything else needs the session initialize opened (spec: 400 without the header).
-            task_id = _read_task_id(msg)
+            self.named_task_id = _read_task_id(msg)
             status_only = isinstance(msg, jsonrpc.JSONRPCRequest) and msg.method == "tasks/get"
-            self.session = await self._load_session(task_id=task_id, status_only=status_only)
+            self.session = await self._load_session(task_id=self.named_task_id, status_only=status_only)
         if isinstance(msg, jsonrpc.JSONRPCNotification):
             await self._notification(msg)
             await self._send_raw(202, b"", [])
@@ -600,9 +602,7 @@ class McpConsumer(AsyncHttpConsumer):
             await self._send_json(err.status, {**err.body, "id": rid}, err.headers)
             return
         try:
-            task_id = msg.params.get("taskId") if isinstance(msg.params, dict) else None
-            is_poll = msg.method == "tasks/get" and isinstance(task_id, str) and _TASK_ID.fullmatch(task_id)
-            polled = task_id if is_poll else None
+            polled = self.named_task_id if msg.method == "tasks/get" else None
             op_class = operation_class(msg.method, msg.params)
             row = cached_tenant_row(tenant_id=self.auth.tenant_id)
             if row is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -211,3 +212,82 @@ def _tenant_of(auth: Any) -> Any:
     from tenants.models import Tenant
 
     return Tenant.objects.get(pk=auth.tenant_id)
+
+
+def test_concurrent_pair_reads_are_batched_and_each_gets_its_own_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads made at the same time share one statement, and each still gets exactly its own
+    session and task under its own scoping (a batch mixing tenants leaks nothing)."""
+    owner = make_auth()
+    live, task = make_session(owner), make_task(owner)
+    other_task = make_task(owner)
+    colleague = make_auth(tenant=_tenant_of(owner))
+    their_session = make_session(colleague)
+    neighbour = make_auth(tenant=None)
+    neighbours_session, neighbours_task = make_session(neighbour), make_task(neighbour)
+    cases = [
+        (auth, sid, task_id)
+        for auth in (owner, colleague, neighbour)
+        for sid in (live.pk, their_session.pk, neighbours_session.pk, "no-such-session")
+        for task_id in (task.task_id, other_task.task_id, neighbours_task.task_id, "no-such-task")
+    ]
+    statements: list[int] = []
+    real_read = fastreads._read
+
+    async def counting_read(sql: str, params: Any, *, all_rows: bool) -> Any:
+        statements.append(len(params))
+        return await real_read(sql, params, all_rows=all_rows)
+
+    monkeypatch.setattr(fastreads, "_read", counting_read)
+
+    async def read_all() -> list[Any]:
+        try:
+            return await asyncio.gather(*(
+                selectors.aget_session_and_task(session_id=sid, auth=auth, task_id=tid, status_only=False)
+                for auth, sid, tid in cases
+            ))
+        finally:
+            await fastreads.close()
+
+    answers = async_to_sync(read_all)()
+    assert len(statements) < len(cases) / 4, statements  # batched: far fewer statements than reads
+    for (auth, sid, task_id), both in zip(cases, answers, strict=True):
+        assert both is not None
+        session = selectors.get_session(session_id=sid, auth=auth)
+        assert (both.session.pk if both.session else None) == (session.pk if session else None)
+        try:
+            expected: Any = selectors.get_task(auth=auth, task_id=task_id).pk
+        except McpError as exc:
+            expected = exc.message
+        try:
+            got: Any = selectors.visible_task(both.task).pk
+        except McpError as exc:
+            got = exc.message
+        assert got == expected, (auth, sid, task_id)
+
+
+def test_instances_built_from_rows_behave_like_the_orms() -> None:
+    """fastreads builds instances without ``Model.__init__``: that is only sound while the models
+    have no init signals, and the instances must save, refresh and defer like the ORM's."""
+    from django.db.models import signals
+
+    for model in (McpSession, Task):
+        assert not signals.pre_init.has_listeners(model) and not signals.post_init.has_listeners(model)
+    owner = make_auth()
+    task = make_task(owner)
+
+    async def read() -> Task:
+        try:
+            return await selectors.aget_task(auth=owner, task_id=task.task_id, status_only=True)
+        finally:
+            await fastreads.close()
+
+    fast = async_to_sync(read)()
+    payload = {"params", "result", "error"}
+    orm = Task.objects.only(*[f.attname for f in Task._meta.concrete_fields if f.name not in payload]).get(pk=task.pk)
+    assert fast.get_deferred_fields() == orm.get_deferred_fields() == {"params", "result", "error"}
+    assert not fast._state.adding and fast._state.db == "default"
+    assert fast == orm and hash(fast) == hash(orm)
+    assert fast.params == task.params  # a deferred field loads on access, as with the ORM
+    fast.status_message = "edited"
+    fast.save(update_fields=["status_message"])
+    assert Task.objects.get(pk=task.pk).status_message == "edited"

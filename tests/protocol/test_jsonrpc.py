@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mcptasks.protocol import jsonrpc
 from mcptasks.protocol.errors import INVALID_REQUEST, PARSE_ERROR, McpError
@@ -118,3 +121,33 @@ def test_mcp_error_roundtrip() -> None:
     assert (again.code, again.message, again.data) == (-32602, "bad", [1])
     assert McpError.from_error({}).code == -32603
     assert "bad" in repr(err)
+
+
+_any_text = st.text(alphabet=st.characters(exclude_categories=()))  # NULs and lone surrogates too
+
+
+@given(st.recursive(
+    _any_text | st.integers() | st.none(),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(_any_text, children, max_size=4),
+    max_leaves=12,
+), st.booleans())
+def test_bodies_without_u_escapes_hold_no_unstorable_strings(value: object, ascii_only: bool) -> None:
+    """The consumer skips the string scan for bodies without a \\u escape: that must never let
+    a NUL or a lone surrogate through, however the client encoded its JSON."""
+    text = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"v": value}}, ensure_ascii=ascii_only)
+    try:
+        body = text.encode("utf-8")
+    except UnicodeEncodeError:
+        return  # a raw lone surrogate is not UTF-8: such a body never decodes
+    obj = jsonrpc.loads(body)
+    if jsonrpc.unstorable_string(obj) is not None:
+        assert jsonrpc.may_hold_unstorable(body)
+
+
+def test_deep_nesting_is_still_refused_with_the_bracket_shortcut() -> None:
+    deep = b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"a":' + b"[" * 70 + b"]" * 70 + b"}}"
+    with pytest.raises(McpError) as exc:
+        jsonrpc.loads(deep)
+    assert "nested deeper" in exc.value.message
+    shallow = b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"a":' + b"[" * 10 + b"]" * 10 + b"}}"
+    assert jsonrpc.loads(shallow)["params"]["a"] == [[[[[[[[[[]]]]]]]]]]

@@ -230,3 +230,52 @@ def test_async_early_poll_charge_that_does_not_fit_is_refused_and_uncounted(
         check_rate(auth=auth, op_class="read")  # the refused charge left room for exactly one more
         with pytest.raises(RateLimited):
             check_rate(auth=auth, op_class="read")
+
+
+@pytest.mark.parametrize("redis", ["redis", "in-process"])
+def test_concurrent_counts_share_round_trips_and_count_exactly(
+    tenant: Tenant, auth: AuthContext, settings: Any, redis: str
+) -> None:
+    """Requests counted at the same time are batched into one script call, with the same outcome
+    as counting them one by one: exactly ``limit`` accepted, refusals uncounted, early polls charged."""
+    import asyncio
+
+    from asgiref.sync import async_to_sync
+
+    from tenants import kv
+    from tenants.ratelimit import acount_request
+    from tenants.selectors import tenant_row
+
+    _use(redis, settings)
+    _set(tenant, rate_read_per_min=10)
+    row = tenant_row(tenant_id=auth.tenant_id)
+    real, round_trips = kv.acall, []
+
+    async def counted(op: Any, *, fallback: Any) -> Any:
+        round_trips.append(1)
+        return await real(op, fallback=fallback)
+
+    async def one(polled: str) -> str:
+        try:
+            early = await acount_request(auth=auth, op_class="read", polled_task_id=polled, poll_interval_ms=1000,
+                                         row=row)
+        except RateLimited:
+            return "refused"
+        return "early" if early else "ok"
+
+    async def burst() -> list[str]:
+        # Six polls of six tasks, then the same six again (each too early: two reads each).
+        first = await asyncio.gather(*(one(f"task-{i}") for i in range(6)))
+        second = await asyncio.gather(*(one(f"task-{i}") for i in range(6)))
+        return [*first, *second]
+
+    with mock.patch("tenants.ratelimit.time.time", return_value=T0 + 1), \
+            mock.patch("tenants.ratelimit.kv.acall", counted):
+        outcomes = async_to_sync(burst)()
+    # 6 reads, then two early polls at 2 reads each (10); the rest refused, and not counted.
+    assert outcomes[:6] == ["ok"] * 6
+    assert outcomes[6:8] == ["early"] * 2 and outcomes[8:] == ["refused"] * 4
+    # Two bursts of six: one script call each (plus one uncount per refusal).
+    assert len(round_trips) == 2 + 4
+    with mock.patch("tenants.ratelimit.time.time", return_value=T0 + 1), pytest.raises(RateLimited):
+        check_rate(auth=auth, op_class="read")  # all 10 used: the refusals left nothing behind
