@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import re
@@ -127,22 +128,41 @@ class McpConsumer(AsyncHttpConsumer):
         self.groups_joined: list[str] = []
         self.background: list[asyncio.Task[Any]] = []
         self.cors_headers: list[tuple[bytes, bytes]] = []
-        self.takeover_token = secrets.token_hex(8)
         self.result_published = False
         self.result_request_id: str | int | None = None
-        # Messages to ourselves (re-checks, the scheduled close, fallback polls): a local queue,
-        # never the channel layer, so they work whatever state Redis is in.
-        self._local: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         # Set while the channel layer is failing: we poll the store and try to rejoin groups.
         self.layer_degraded = False
-        self._layer_ok = asyncio.Event()
-        self._layer_ok.set()
-        self._layer_wanted = asyncio.Event()
+        self._host_checked = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._parsed_headers: dict[str, str] | None = None
         self.prefetched: selectors.SessionAndTask | None = None
         # The well-formed task id a tasks/get or tasks/result names (see _read_task_id).
         self.named_task_id: str | None = None
+
+    # Made on first use: a plain JSON answer (the hot path) never needs them.
+
+    @functools.cached_property
+    def takeover_token(self) -> str:
+        """Names this stream's holder in a takeover (a resumed stream closes the previous one)."""
+        return secrets.token_hex(8)
+
+    @functools.cached_property
+    def _local(self) -> asyncio.Queue[dict[str, Any]]:
+        # Messages to ourselves (re-checks, the scheduled close, fallback polls): a local queue,
+        # never the channel layer, so they work whatever state Redis is in.
+        return asyncio.Queue()
+
+    @functools.cached_property
+    def _layer_ok(self) -> asyncio.Event:
+        # Cleared while the channel layer is failing.
+        ok = asyncio.Event()
+        ok.set()
+        return ok
+
+    @functools.cached_property
+    def _layer_wanted(self) -> asyncio.Event:
+        # Set once we joined a group: only then can the layer hold anything for us.
+        return asyncio.Event()
 
     # --- ASGI plumbing ------------------------------------------------------------------------
 
@@ -420,6 +440,8 @@ class McpConsumer(AsyncHttpConsumer):
         return parsed
 
     def _check_host_and_origin(self) -> None:
+        if self._host_checked:
+            return  # once per request (the preflight and handle() both ask)
         host = self._header("host")
         domain, _port = split_domain_port(host)
         if not host or not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
@@ -441,6 +463,7 @@ class McpConsumer(AsyncHttpConsumer):
                 ),
                 (b"access-control-expose-headers", b"Mcp-Session-Id, MCP-Protocol-Version, WWW-Authenticate"),
             ]
+        self._host_checked = True
 
     def _check_protocol_header(self) -> None:
         version = self._header("mcp-protocol-version")
