@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Run the official MCP conformance suite (server side, --suite all) against a real daphne process.
+# Run the official MCP conformance suite (server side, --suite all) against real server processes.
 #
 # Installs (once) @modelcontextprotocol/conformance and a Node 22 binary into .ci/node/ (gitignored),
 # then runs tests/support/conformance.py, which starts the servers exactly as the end-to-end
 # tests do:
 #   1. always: daphne with its embedded worker on a fresh SQLite file in a temporary directory;
-#   2. when DATABASE_URL is PostgreSQL: daphne on a scratch database (dropped afterwards), with a
-#      separate mcptasks_worker process when REDIS_URL is set, else with the embedded worker.
+#   2. when DATABASE_URL is PostgreSQL: a scratch database (dropped afterwards); with REDIS_URL
+#      set, granian (the production server) and a separate mcptasks_worker process, else daphne
+#      with the embedded worker.
 # The suite runs with an expected-failures baseline of "server: []", so any FAILURE *or WARNING*
 # makes it exit non-zero.
 set -euo pipefail

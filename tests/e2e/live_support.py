@@ -28,20 +28,22 @@ class Pair:
 
 
 @contextmanager
-def start_pair(stack: Stack, *, extra_env: dict[str, str] | None = None) -> Iterator[Pair]:
-    """Two daphne processes and two workers when processes can share state, else one daphne."""
+def start_pair(
+    stack: Stack, *, extra_env: dict[str, str] | None = None, server: str = "daphne"
+) -> Iterator[Pair]:
+    """Two web processes (under ``server``) and two workers when processes can share state, else one."""
     procs: list[Proc] = []
     try:
         if stack.multi_process:
-            a = stack.daphne(embedded_worker=False, extra_env=extra_env)
+            a = stack.web(server=server, embedded_worker=False, extra_env=extra_env)
             procs.append(a)
-            b = stack.daphne(embedded_worker=False, extra_env=extra_env)
+            b = stack.web(server=server, embedded_worker=False, extra_env=extra_env)
             procs.append(b)
             procs.append(stack.worker(concurrency=4, extra_env=extra_env))
             procs.append(stack.worker(concurrency=4, extra_env=extra_env))
             yield Pair(a, b, True)
         else:
-            a = stack.daphne(extra_env=extra_env)
+            a = stack.web(server=server, extra_env=extra_env)
             procs.append(a)
             yield Pair(a, a, False)
     finally:

@@ -3,7 +3,8 @@
 ``.ci/conformance.sh`` installs the suite and Node 22, then runs
 ``python -m tests.support.conformance NODE SUITE``: once on the embedded default (SQLite,
 in-memory layer, worker inside daphne) and, when ``DATABASE_URL`` is PostgreSQL, once on a
-scratch database with a separate worker (over Redis when ``REDIS_URL`` is set). The servers are
+scratch database; with ``REDIS_URL`` set too, that run is the production layout: granian and a
+separate worker. The servers are
 started exactly as the end-to-end tests start them, on the default settings. The expected-
 failures baseline is ``server: []``, so any failure *or warning* fails the run.
 """
@@ -47,7 +48,9 @@ def run_suite(label: str, *, node: str, suite: str, database_url: str, redis_url
     for key in _TEST_ONLY:
         stack.env.pop(key, None)
     try:
-        web = stack.daphne()  # embedded worker unless PostgreSQL + Redis
+        # SQLite: daphne with its embedded worker (the newcomer's default); PostgreSQL + Redis:
+        # granian and a separate worker (the production layout, docs/operations.md).
+        web = stack.web(server="granian" if stack.multi_process else "daphne")
         if stack.multi_process:
             stack.worker(concurrency=8)
         print(f"\n=== conformance ({label}) on {web.url} ===", flush=True)

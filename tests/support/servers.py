@@ -44,6 +44,17 @@ DEFAULT_DELIVERY = {
 }
 
 
+#: The ASGI servers the tests start, as ``python -m`` arguments for a port: daphne (Channels'
+#: reference server) and granian (the documented production server, see docs/operations.md).
+WEB_SERVERS = {
+    "daphne": lambda port: ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "mcptasks.asgi:application"],
+    "granian": lambda port: [
+        "-m", "granian", "--interface", "asginl", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+        "mcptasks.asgi:application",
+    ],
+}
+
+
 @contextmanager
 def web_and_worker(
     stack: Stack, *, env: dict[str, str] | None = None, concurrency: int = 8, web_env: dict[str, str] | None = None
@@ -130,28 +141,30 @@ class Stack:
 
     def daphne(self, *, embedded_worker: bool | None = None, extra_env: dict[str, str] | None = None) -> Proc:
         """Start a daphne process and wait until it answers."""
+        return self.web(server="daphne", embedded_worker=embedded_worker, extra_env=extra_env)
+
+    def web(
+        self, *, server: str, embedded_worker: bool | None = None, extra_env: dict[str, str] | None = None
+    ) -> Proc:
+        """Start a web process under ``server`` (one of :data:`WEB_SERVERS`) and wait until it answers."""
         port = free_port()
         if embedded_worker is None:
             embedded_worker = not self.multi_process
         env = {"MCPTASKS_EMBEDDED_WORKER": "1" if embedded_worker else "0", **(extra_env or {})}
-        proc = self._spawn(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "mcptasks.asgi:application"],
-            f"daphne-{port}",
-            env,
-        )
+        proc = self._spawn([sys.executable, *WEB_SERVERS[server](port)], f"{server}-{port}", env)
         proc.base = f"http://127.0.0.1:{port}"
         proc.url = f"{proc.base}/mcp"
         deadline = time.monotonic() + 40
         while time.monotonic() < deadline:
             if not proc.alive:
-                raise RuntimeError(f"daphne exited:\n{proc.log_text()}")
+                raise RuntimeError(f"{server} exited:\n{proc.log_text()}")
             try:
                 if httpx.get(f"{proc.base}/healthz", timeout=1).status_code == 200:
                     return proc
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        raise RuntimeError(f"daphne did not start:\n{proc.log_text()}")
+        raise RuntimeError(f"{server} did not start:\n{proc.log_text()}")
 
     def worker(self, *, concurrency: int = 4, extra_env: dict[str, str] | None = None) -> Proc:
         """Start an ``mcptasks_worker`` process and wait for it to run."""

@@ -1,0 +1,67 @@
+"""The documented production server, granian, serves everything daphne does (see docs/operations.md).
+
+On PostgreSQL + Redis: two granian processes and two workers, the task created through one and
+its notifications read through the other; on SQLite one granian with its embedded worker. The
+official conformance suite also runs against granian in CI (tests/support/conformance.py).
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.e2e.live_support import Listener, Pair, is_terminal_note, start_pair, status_notes, twin
+from tests.support.client import McpClient
+from tests.support.servers import Stack
+
+
+@pytest.fixture(scope="module")
+def granian_pair(stack: Stack) -> Iterator[Pair]:
+    with start_pair(stack, server="granian") as p:
+        yield p
+
+
+def test_tasks_streams_and_live_notifications(granian_pair: Pair) -> None:
+    with McpClient(granian_pair.a.url) as c:
+        c.initialize()
+        assert c.call("test_simple_text").result["content"][0]["text"].startswith("This is a simple text")
+        listener = Listener(twin(c, granian_pair.b.url)).start()
+        listener.wait_primed()
+        task = c.call_task("demo_progress", {"steps": 3, "interval_ms": 100})
+        listener.until = is_terminal_note(task["taskId"])
+        # Status notifications reach the session's GET stream on the other process as they happen.
+        listener.wait_done()
+        assert [s for s, _ in status_notes(listener.messages, task["taskId"])][-1] == "completed"
+        result = c.request("tasks/result", {"taskId": task["taskId"]})
+        assert result.result["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": task["taskId"]}
+        assert c.request("tasks/get", {"taskId": task["taskId"]}).result["status"] == "completed"
+        # A blocking tasks/result streams until a running task is done, then answers.
+        slow = c.call_task("demo_sleep", {"ms": 300})
+        answered = c.request("tasks/result", {"taskId": slow["taskId"]})
+        assert answered.result["content"][0]["text"] == "Slept for 300 ms"
+
+
+def test_sigterm_closes_open_streams_with_retry(stack: Stack) -> None:
+    web = stack.web(server="granian", embedded_worker=False)
+    try:
+        with McpClient(web.url) as c:
+            c.initialize()
+            h = c.headers(Accept="text/event-stream")
+            h.pop("Content-Type")
+            lines: list[str] = []
+            with httpx.Client(timeout=20) as http, http.stream("GET", web.url, headers=h) as resp:
+                assert resp.status_code == 200
+                it = resp.iter_lines()
+                for line in it:  # the whole priming event (it carries a retry: of its own)
+                    if not line:
+                        break
+                web.popen.send_signal(signal.SIGTERM)
+                lines.extend(it)  # a clean end of body, not a cut connection
+        assert any(line.startswith("retry:") for line in lines), lines
+        web.popen.wait(15)
+        assert "closed 1 open stream(s)" in web.log_text()
+    finally:
+        web.terminate(timeout=10)
