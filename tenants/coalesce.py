@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -91,3 +91,44 @@ class Coalescer(Generic[T, R]):
             for _, fut in leftover:
                 if not fut.done():
                     fut.set_exception(RuntimeError("the batch runner stopped"))
+
+
+K = TypeVar("K")
+
+
+class SingleFlight(Generic[K, R]):
+    """Concurrent calls for the same key share one run, per event loop (no result is kept after).
+
+    When a cached verdict lapses (a verified token, a tenant's limits), every request in flight
+    misses at once; without this each would queue its own database hop behind the others'.
+    ``key`` must not be a raw client string (use a digest). A caller that is cancelled does not
+    cancel the shared run; an exception reaches every caller.
+    """
+
+    def __init__(self) -> None:
+        self._flights: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[K, asyncio.Task[R]]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    async def run(self, key: K, fn: Callable[[], Awaitable[R]]) -> R:
+        """``await fn()``, or the result of the run already under way for ``key``."""
+        loop = asyncio.get_running_loop()
+        flights = self._flights.get(loop)
+        if flights is None:
+            flights = self._flights[loop] = {}
+        flight = flights.get(key)
+        if flight is None:
+            flight = flights[key] = loop.create_task(_awaited(fn))
+            flight.add_done_callback(lambda done: _landed(flights, key, done))
+        return await asyncio.shield(flight)
+
+
+async def _awaited(fn: Callable[[], Awaitable[R]]) -> R:
+    return await fn()
+
+
+def _landed(flights: dict[Any, Any], key: Any, done: asyncio.Task[Any]) -> None:
+    if flights.get(key) is done:
+        del flights[key]
+    if not done.cancelled():
+        done.exception()  # retrieved: no "never retrieved" warning when every caller left

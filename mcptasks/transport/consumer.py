@@ -32,9 +32,10 @@ from pydantic import ValidationError
 from tenants import conf as tenant_conf
 from tenants import jwt_issuers, ratelimit
 from tenants.auth import AuthContext, AuthError, authenticate, cached_context, insufficient_scope, remember
+from tenants.coalesce import SingleFlight
 from tenants.conf import tenant_resource
 from tenants.exceptions import QuotaExceeded, RateLimited
-from tenants.selectors import cached_tenant_row, effective_limits, limits_of
+from tenants.selectors import TenantRow, cached_tenant_row, limits_of, tenant_row
 
 from .. import bus, conf, layers, selectors, services, watch
 from ..handlers import RequestContext, StreamReply, dispatcher, operation_class, required_scope
@@ -90,6 +91,12 @@ class HttpError(Exception):
         self.status = status
         self.headers = headers or {}
         self.body = body if body is not None else jsonrpc.error_response(rid, McpError(code, message))
+
+
+#: Verifications of one credential (by its cache key, a digest) and reads of one tenant's limits
+#: under way in this process: concurrent requests share them.
+_verifications: SingleFlight[bytes, AuthContext] = SingleFlight()
+_tenant_reads: SingleFlight[int, TenantRow] = SingleFlight()
 
 
 def _read_task_id(msg: Any) -> str | None:
@@ -495,9 +502,12 @@ class McpConsumer(AsyncHttpConsumer):
             # slow identity provider delays only its own tokens.
             await jwt_issuers.aprefetch(token.strip())
         try:
-            ctx = await database_sync_to_async(authenticate)(
-                headers=headers, query_string=qs, resource_url=resource_url
-            )
+            # Requests presenting the same credential while it is being verified share the
+            # verification (when a cached verdict lapses, every request in flight misses at once).
+            def verify() -> Any:
+                return database_sync_to_async(authenticate)(headers=headers, query_string=qs, resource_url=resource_url)
+
+            ctx = await (verify() if key is None else _verifications.run(key, verify))
         except AuthError as exc:
             if token:
                 # A credential was presented and refused (a bare 401 is OAuth discovery).
@@ -627,15 +637,18 @@ class McpConsumer(AsyncHttpConsumer):
         try:
             polled = self.named_task_id if msg.method == "tasks/get" else None
             op_class = operation_class(msg.method, msg.params)
-            row = cached_tenant_row(tenant_id=self.auth.tenant_id)
+            tenant_id = self.auth.tenant_id
+            row = cached_tenant_row(tenant_id=tenant_id)
             if row is None:
-                # The tenant's limits are re-read from the database once per LIMITS_CACHE_S.
-                too_soon = await database_sync_to_async(self._count_request)(self.auth, op_class, polled)
-            else:
-                too_soon = await ratelimit.acount_request(
-                    auth=self.auth, op_class=op_class, polled_task_id=polled,  # type: ignore[arg-type]
-                    poll_interval_ms=limits_of(row).poll_interval_ms, row=row,
+                # The tenant's limits are re-read from the database once per LIMITS_CACHE_S, by
+                # one request; the others in flight wait for that read.
+                row = await _tenant_reads.run(
+                    tenant_id, lambda: database_sync_to_async(tenant_row)(tenant_id=tenant_id)
                 )
+            too_soon = await ratelimit.acount_request(
+                auth=self.auth, op_class=op_class, polled_task_id=polled,  # type: ignore[arg-type]
+                poll_interval_ms=limits_of(row).poll_interval_ms, row=row,
+            )
         except RateLimited as exc:
             await watch.arefused(auth=self.auth, action="ratelimit.refused",
                                  data={"method": msg.method[:64], "class": exc.op_class, "limit": exc.limit})
@@ -672,17 +685,6 @@ class McpConsumer(AsyncHttpConsumer):
         if ctx.new_session is not None:
             extra["Mcp-Session-Id"] = ctx.new_session.pk
         await self._send_json(200, jsonrpc.response(rid, result), extra)
-
-    @staticmethod
-    def _count_request(auth: AuthContext, op_class: str, polled_task_id: str | None) -> bool:
-        """Rate limits in one thread hop: the request's class, and a poll faster than pollInterval
-        (returns whether it was one)."""
-        ratelimit.check_rate(auth=auth, op_class=op_class)  # type: ignore[arg-type]
-        if polled_task_id is None:
-            return False
-        # Polling faster than pollInterval costs an extra read (see tenants.ratelimit).
-        limits = effective_limits(tenant_id=auth.tenant_id)
-        return ratelimit.note_poll(auth=auth, task_id=polled_task_id, poll_interval_ms=limits.poll_interval_ms)
 
     # --- streams -----------------------------------------------------------------------------
 

@@ -342,3 +342,40 @@ async def test_a_missing_scope_is_refused_and_audited(settings: Any) -> None:
     event = await sync_to_async(AuditEvent.objects.get)(action="auth.scope_refused")
     assert event.tenant_id == tenant.pk and event.data["scope"] == "mcp:tasks"
     assert event.data["method"] == "tasks/list"
+
+
+async def test_concurrent_requests_share_one_verification_and_one_limits_read(monkeypatch: Any) -> None:
+    """When a token's cached verdict (or a tenant's cached limits) lapses, the requests in flight
+    share one database hop instead of each queuing its own on the shared database thread."""
+    from mcptasks.transport import consumer
+    from tenants import services as tenant_services
+    from tenants.auth_cache import cache
+    from tenants.selectors import clear_limits_cache
+    from tests.support.factories import make_tenant
+
+    tenant = await sync_to_async(make_tenant)(rate_other_per_min=1000)
+    token = await sync_to_async(tenant_services.issue_token)(
+        tenant=tenant, principal_name="herd", scopes=["mcp:tools", "mcp:tasks"]
+    )
+    headers = [*BASE_HEADERS, (b"authorization", f"Bearer {token}".encode())]
+    calls = {"authenticate": 0, "tenant_row": 0}
+
+    def counting(name: str, real: Any) -> Any:
+        def wrapped(**kw: Any) -> Any:
+            calls[name] += 1
+            return real(**kw)
+        return wrapped
+
+    monkeypatch.setattr(consumer, "authenticate", counting("authenticate", consumer.authenticate))
+    monkeypatch.setattr(consumer, "tenant_row", counting("tenant_row", consumer.tenant_row))
+    cache.clear()
+    clear_limits_cache()
+    responses = await asyncio.gather(*(post(INIT, headers) for _ in range(8)))
+    assert [r["status"] for r in responses] == [200] * 8
+    assert calls == {"authenticate": 1, "tenant_row": 1}
+    # A refused credential is refused for every request that shared its verification.
+    cache.clear()
+    bad = [*BASE_HEADERS, (b"authorization", b"Bearer not-a-token")]
+    refused = await asyncio.gather(*(post(INIT, bad) for _ in range(4)))
+    assert [r["status"] for r in refused] == [401] * 4
+    assert calls["authenticate"] == 2

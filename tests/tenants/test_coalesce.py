@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -116,3 +117,52 @@ def test_max_batch_bounds_every_batch(max_batch: int) -> None:
 
     assert asyncio.run(main()) == list(range(7))
     assert max(sizes) <= max_batch and sum(sizes) == 7
+
+
+def test_single_flight_shares_a_run_per_key_and_forgets_it_after() -> None:
+    from tenants.coalesce import SingleFlight
+
+    runs: list[str] = []
+
+    async def main() -> tuple[list[object], list[object]]:
+        flight: SingleFlight[str, str] = SingleFlight()
+
+        def make(key: str) -> Any:
+            async def fn() -> str:
+                runs.append(key)
+                await asyncio.sleep(0.01)
+                if key == "bad":
+                    raise ValueError(key)
+                return key.upper()
+            return fn
+
+        first = await asyncio.gather(
+            *(flight.run(k, make(k)) for k in ("a", "a", "b", "a", "bad", "bad")), return_exceptions=True
+        )
+        again = [await flight.run("a", make("a"))]  # the run ended: a new one
+        return first, again
+
+    first, again = asyncio.run(main())
+    assert first[:4] == ["A", "A", "B", "A"]
+    assert all(isinstance(x, ValueError) for x in first[4:])
+    assert again == ["A"]
+    assert sorted(runs) == ["a", "a", "b", "bad"]
+
+
+def test_single_flight_survives_a_cancelled_caller() -> None:
+    from tenants.coalesce import SingleFlight
+
+    async def main() -> str:
+        flight: SingleFlight[int, str] = SingleFlight()
+
+        async def slow() -> str:
+            await asyncio.sleep(0.02)
+            return "done"
+
+        leaver = asyncio.ensure_future(flight.run(1, slow))
+        stayer = asyncio.ensure_future(flight.run(1, slow))
+        await asyncio.sleep(0)
+        leaver.cancel()
+        return await stayer
+
+    assert asyncio.run(main()) == "done"
