@@ -134,9 +134,10 @@ async def fetch_one(
     return _build(model, names, row)
 
 
-async def _read(sql: str, params: Sequence[Any], *, all_rows: bool) -> Any:
-    """Run ``sql`` on this loop's connection: every row or the first; :class:`Unavailable` (and
-    the ORM for ``RETRY_AFTER_S``) if the database cannot be reached this way."""
+async def _read(sql: str, params: Sequence[Any], *, all_rows: bool | None) -> Any:
+    """Run ``sql`` on this loop's connection: every row, the first, or none (``all_rows=None``:
+    a write); :class:`Unavailable` (and the ORM for ``RETRY_AFTER_S``) if the database cannot
+    be reached this way."""
     global _failed_until
     try:
         conn = await _connection()
@@ -147,6 +148,8 @@ async def _read(sql: str, params: Sequence[Any], *, all_rows: bool) -> Any:
 
         cur = AsyncRawCursor(conn)
         await cur.execute(_numbered(sql), list(params), prepare=True)
+        if all_rows is None:
+            return None
         return await (cur.fetchall() if all_rows else cur.fetchone())
     except Exception as exc:
         _failed_until = time.monotonic() + RETRY_AFTER_S
@@ -254,6 +257,50 @@ def _numbered(sql: str) -> str:
 
 
 _numbered_sql: dict[str, str] = {}
+
+
+async def insert(model: type[Model], values: dict[str, Any]) -> None:
+    """Insert one row of ``model`` (``values`` by column attname), committed when this returns.
+
+    For append-only rows written on the request path (audit events). Inserts of the same
+    columns made at the same time share one statement. :class:`Unavailable` as for reads; as
+    with any write whose connection fails, the row may or may not have been committed then.
+    """
+    columns = tuple(values)
+    batches = _insert_batches.get((model, columns))
+    if batches is None:
+        batches = _insert_batches[(model, columns)] = _InsertBatches(model, columns)
+    await batches.coalescer.call([_param(v) for v in values.values()])
+
+
+def _param(value: Any) -> Any:
+    """A value as psycopg binds it: dicts and lists as jsonb (the JSONField columns)."""
+    if isinstance(value, dict | list):
+        from psycopg.types.json import Jsonb
+
+        return Jsonb(value)
+    return value
+
+
+class _InsertBatches:
+    """Inserts of one model and column set: ``n`` rows become one multi-row ``INSERT``."""
+
+    def __init__(self, model: type[Model], columns: tuple[str, ...]) -> None:
+        by_attname = {f.attname: f.column for f in model._meta.concrete_fields}
+        names = ", ".join(f'"{by_attname[c]}"' for c in columns)
+        # Identifiers from the model's metadata; values are bound parameters.
+        self.head = f'INSERT INTO "{model._meta.db_table}" ({names}) VALUES '  # noqa: S608
+        self.width = len(columns)
+        self.coalescer: Coalescer[list[Any], None] = Coalescer(self._run, max_batch=MAX_BATCH)
+
+    async def _run(self, batch: Sequence[list[Any]]) -> list[None]:
+        row = "(" + ", ".join(["%s"] * self.width) + ")"
+        sql = self.head + ", ".join([row] * len(batch))
+        await _read(sql, [p for item in batch for p in item], all_rows=None)
+        return [None] * len(batch)
+
+
+_insert_batches: dict[tuple[type[Model], tuple[str, ...]], _InsertBatches] = {}
 
 
 class Unavailable(Exception):

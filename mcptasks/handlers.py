@@ -249,7 +249,7 @@ async def tasks_result(ctx: RequestContext, params: TaskIdParams) -> dict[str, A
     """The outcome of a terminal task now; otherwise stream until it is terminal."""
     task = await _lookup(ctx, params.taskId, "tasks/result")
     if task.is_terminal:
-        await sync_to_async(services.record_task_retrieval)(auth=ctx.auth, task=task)
+        await services.arecord_task_retrieval(auth=ctx.auth, task=task)
         result, error = services.task_result_payload(task=task)
         if error is not None:
             raise McpError.from_error(error)

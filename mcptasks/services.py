@@ -575,9 +575,10 @@ def worker_heartbeat(*, worker_id: str, hostname: str, pid: int, concurrency: in
 # --- audit ----------------------------------------------------------------------------------
 
 
-def record_task_retrieval(*, auth: AuthContext, task: Task) -> None:
-    """Audit that the caller fetched a task's outcome (``tasks/result``)."""
-    record_audit(auth=auth, action="task.result", task_id=task.task_id, data={"status": task.status})
+async def arecord_task_retrieval(*, auth: AuthContext, task: Task) -> None:
+    """Audit that the caller fetched a task's outcome (``tasks/result``); no thread hop on PostgreSQL."""
+    await audit.aappend(tenant_id=auth.tenant_id, principal_id=auth.principal_id, action="task.result",
+                        task_id=task.task_id, data={"status": task.status})
 
 
 def record_audit(*, auth: AuthContext, action: str, task_id: str = "", data: dict[str, Any] | None = None) -> None:

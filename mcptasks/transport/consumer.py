@@ -856,7 +856,7 @@ class McpConsumer(AsyncHttpConsumer):
             return  # a signal and a re-check can both see the terminal state
         self.result_published = True
         if self.auth is not None:
-            await database_sync_to_async(services.record_task_retrieval)(auth=self.auth, task=task)
+            await services.arecord_task_retrieval(auth=self.auth, task=task)
         result, error = services.task_result_payload(task=task)
         rid = self.result_request_id
         assert rid is not None

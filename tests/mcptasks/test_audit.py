@@ -226,3 +226,54 @@ def test_a_malformed_anchors_file_is_a_clear_error(auth: AuthContext, tmp_path: 
         bad.write_text(text)
         with pytest.raises(CommandError, match="cannot read anchors"):
             call_command("mcptasks_audit", "verify", "--anchors", str(bad), stdout=io.StringIO())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_async_appends_share_statements_and_seal_like_the_orms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL: appends from async code go over the async connection, several per INSERT,
+    and are the same rows the ORM writes (the chain verifies); a failing connection falls back."""
+    import asyncio
+
+    from mcptasks import fastreads
+
+    require_postgres()
+    fastreads._failed_until = 0.0
+    auth = make_auth()
+    services.record_audit(auth=auth, action="test.sync", data={"n": -1})
+    statements: list[str] = []
+    real_read = fastreads._read
+
+    async def counting(sql: str, params: Any, *, all_rows: Any) -> Any:
+        statements.append(sql)
+        return await real_read(sql, params, all_rows=all_rows)
+
+    monkeypatch.setattr(fastreads, "_read", counting)
+
+    async def append_all() -> None:
+        try:
+            await asyncio.gather(*(
+                audit.aappend(tenant_id=auth.tenant_id, principal_id=auth.principal_id, action="test.async",
+                              task_id=f"t{n}", data={"n": n, "nested": [n, {"x": "é"}]})
+                for n in range(12)
+            ))
+        finally:
+            await fastreads.close()
+
+    async_to_sync(append_all)()
+    assert 1 <= len([s for s in statements if s.startswith("INSERT")]) < 12
+    rows = list(AuditEvent.objects.filter(action="test.async").order_by("task_id"))
+    assert sorted(r.data["n"] for r in rows) == list(range(12))
+    sync_row = AuditEvent.objects.get(action="test.sync")
+    for row in rows:
+        assert (row.tenant_id, row.principal_id, row.chain, row.principal_ref) == (
+            sync_row.tenant_id, sync_row.principal_id, sync_row.chain, sync_row.principal_ref)
+        assert row.data["nested"][1] == {"x": "é"} and row.hash == "" and row.sealed_at is None
+    audit.seal_all()
+    assert _verify(auth).ok and _verify(auth).head_seq == 13
+
+    async def broken(*args: Any, **kw: Any) -> Any:
+        raise fastreads.Unavailable
+
+    monkeypatch.setattr(fastreads, "insert", broken)
+    async_to_sync(audit.aappend)(tenant_id=auth.tenant_id, principal_id=auth.principal_id, action="test.fallback")
+    assert AuditEvent.objects.filter(action="test.fallback").count() == 1
