@@ -41,6 +41,12 @@ class AppSettings:
         "PostgreSQL: read the request's session and task over an async connection per event loop instead of "
         "through the ORM's thread hop (`mcptasks/fastreads.py`). Off: every read uses the ORM.",
     )
+    WRITE_THREADS: int = setting(
+        4,
+        "PostgreSQL: request-path writes (creating a task or a session, cancelling) run on this many threads per "
+        "web process, each with its own connection, instead of queuing on the one thread every ORM call from "
+        "async code shares (`mcptasks/dbwrites.py`). 0: they share that thread.",
+    )
     TASK_RESULT_RECHECK_S: float = setting(
         5.0, "A blocked `tasks/result` wakes on a channel-layer signal. This is the backstop re-check interval."
     )

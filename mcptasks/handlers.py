@@ -16,7 +16,7 @@ from django.core import signing
 
 from tenants.auth import AuthContext
 
-from . import conf, selectors, services, watch
+from . import conf, dbwrites, selectors, services, watch
 from .models import McpSession, Task
 from .protocol import versions
 from .protocol.dispatch import Dispatcher
@@ -112,7 +112,8 @@ def server_capabilities(*, protocol_version: str, anonymous: bool) -> dict[str, 
 async def initialize(ctx: RequestContext, params: InitializeParams) -> dict[str, Any]:
     """Open a session and negotiate the protocol revision."""
     version = versions.negotiate(params.protocolVersion)
-    ctx.new_session = await sync_to_async(services.open_session)(
+    ctx.new_session = await dbwrites.run(
+        services.open_session,
         auth=ctx.auth,
         protocol_version=version,
         client_info=params.clientInfo.model_dump(mode="json", exclude_none=True),
@@ -193,7 +194,8 @@ async def tools_call(ctx: RequestContext, params: CallToolParams) -> dict[str, A
     raw_arguments = params.arguments or {}
     if as_task:
         assert params.task is not None
-        task = await sync_to_async(services.create_task)(
+        task = await dbwrites.run(
+            services.create_task,
             auth=ctx.auth,
             session=session,
             tool=tool,
@@ -209,7 +211,8 @@ async def tools_call(ctx: RequestContext, params: CallToolParams) -> dict[str, A
         return result
     del arguments  # validated; the worker re-validates from the stored raw arguments
     stream_id = await ctx.open_stream("p")
-    task = await sync_to_async(services.create_task)(
+    task = await dbwrites.run(
+        services.create_task,
         auth=ctx.auth,
         session=session,
         tool=tool,
@@ -275,7 +278,7 @@ async def tasks_list(ctx: RequestContext, params: PaginatedParams) -> dict[str, 
 async def tasks_cancel(ctx: RequestContext, params: TaskIdParams) -> dict[str, Any]:
     """Cancel a non-terminal task."""
     await _lookup(ctx, params.taskId, "tasks/cancel")
-    task = await sync_to_async(services.cancel_task)(auth=ctx.auth, task_id=params.taskId)
+    task = await dbwrites.run(services.cancel_task, auth=ctx.auth, task_id=params.taskId)
     return task.wire()
 
 

@@ -13,7 +13,7 @@ from tests.support.servers import Proc, Stack, make_stack
 
 @pytest.fixture(autouse=True)
 def _async_reads_see_only_committed_rows(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Tests inside one rolled-back transaction read through the ORM's connection only.
+    """Tests inside one rolled-back transaction read and write through the ORM's connection only.
 
     ``mcptasks.fastreads`` reads over a connection of its own, which (correctly) cannot see a
     test's uncommitted rows; transactional tests and real processes use it as production does.
@@ -26,7 +26,7 @@ def _async_reads_see_only_committed_rows(request: pytest.FixtureRequest) -> Iter
         yield
         return
     settings = request.getfixturevalue("settings")
-    settings.MCPTASKS = {**settings.MCPTASKS, "ASYNC_READS": False}
+    settings.MCPTASKS = {**settings.MCPTASKS, "ASYNC_READS": False, "WRITE_THREADS": 0}
     yield
 
 

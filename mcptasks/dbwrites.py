@@ -1,0 +1,51 @@
+"""Request-path writes from async code, side by side instead of one at a time.
+
+Every ORM call from async code (``database_sync_to_async``) runs on one thread per process, so
+that code relying on thread-local state stays on one thread. A task creation is a transaction
+of several round trips to PostgreSQL; queued on that thread, creations cannot overlap and a
+web process creates no faster than one transaction's latency allows. The service functions
+called here hold no thread-local state beyond their database connection and run each in a
+transaction of its own, so they run on a small pool of threads instead (``WRITE_THREADS``),
+each thread with its own persistent connection, health-checked before and after each call as
+Channels does.
+
+Not on SQLite (one writer at a time; more connections would only contend for its lock), and
+not when ``WRITE_THREADS`` is 0 (tests that wrap each test in a transaction turn it off, since
+another thread's connection cannot see the test's uncommitted rows).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from channels.db import DatabaseSyncToAsync, database_sync_to_async
+from django.conf import settings
+
+from . import conf
+
+T = TypeVar("T")
+
+_lock = threading.Lock()
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _executor() -> ThreadPoolExecutor | None:
+    global _pool
+    threads = conf.get().WRITE_THREADS
+    if threads <= 0 or "postgresql" not in settings.DATABASES["default"]["ENGINE"]:
+        return None
+    with _lock:
+        if _pool is None or _pool[0] != threads:
+            _pool = (threads, ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mcptasks-write"))
+        return _pool[1]
+
+
+async def run(fn: Callable[..., T], /, **kwargs: Any) -> T:
+    """``fn(**kwargs)`` on a write thread (or the shared database thread, see the module)."""
+    executor = _executor()
+    if executor is None:
+        return await database_sync_to_async(fn)(**kwargs)
+    return await DatabaseSyncToAsync(fn, thread_sensitive=False, executor=executor)(**kwargs)
