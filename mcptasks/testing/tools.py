@@ -101,6 +101,16 @@ async def test_stamp() -> dict[str, float]:
     return {"t": time.time()}
 
 
+@tool(task_support="optional", retryable=True,
+      description="Sets its status message to the wall-clock time, `count` times, `gap_ms` apart (latency bench).")
+async def test_status_stamps(count: int = 20, gap_ms: int = 50, ctx: ToolContext | None = None) -> str:
+    assert ctx is not None
+    for _ in range(max(1, min(count, 1000))):
+        await ctx.set_status_message(f"{time.time():.6f}")
+        await asyncio.sleep(max(0, min(gap_ms, 10_000)) / 1000)
+    return "stamped"
+
+
 @tool(task_support="optional", retryable=True, description="A trivial fast tool for throughput tests.")
 async def test_tick(n: int = 0, ctx: ToolContext | None = None) -> str:
     assert ctx is not None

@@ -8,10 +8,8 @@ in one daphne with its embedded worker and the in-memory layer.
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from tests.e2e.live_support import (
@@ -25,7 +23,6 @@ from tests.e2e.live_support import (
 )
 from tests.support.client import McpClient
 from tests.support.requirements import require_multiprocess
-from tests.support.servers import Stack
 
 STEPS = [("working", f"step {i} of 3") for i in (1, 2, 3)]
 
@@ -123,30 +120,6 @@ def test_delete_session_ends_its_streams(client: McpClient, pair: Pair) -> None:
     h.pop("Content-Type")
     assert again.http.get(again.url, headers=h).status_code == 404
     again.close()
-
-
-def test_sigterm_closes_open_streams_with_retry(stack: Stack, client: McpClient) -> None:
-    extra = stack.daphne(embedded_worker=False)
-    try:
-        with McpClient(extra.url) as c:
-            c.initialize()
-            h = c.headers(Accept="text/event-stream")
-            h.pop("Content-Type")
-            lines: list[str] = []
-            with httpx.Client(timeout=20) as http, http.stream("GET", extra.url, headers=h) as resp:
-                assert resp.status_code == 200
-                it = resp.iter_lines()
-                for line in it:  # read the whole priming event (it carries a retry: of its own)
-                    if not line:
-                        break
-                extra.popen.send_signal(signal.SIGTERM)
-                lines.extend(it)  # a clean end of body, not a cut connection
-        # The retry: hint must come with the shutdown, after the priming event.
-        assert any(line.startswith("retry:") for line in lines), lines
-        extra.popen.wait(15)
-        assert "closed 1 open stream(s)" in extra.log_text()
-    finally:
-        extra.terminate(timeout=10)
 
 
 def test_disconnected_tasks_result_never_cancels_task(client: McpClient, pair: Pair) -> None:

@@ -1,4 +1,5 @@
-"""The documented production server, granian, serves everything daphne does (see docs/operations.md).
+"""The documented production server, granian, serves everything daphne does (see docs/operations.md),
+and both close open streams properly on SIGTERM.
 
 On PostgreSQL + Redis: two granian processes and two workers, the task created through one and
 its notifications read through the other; on SQLite one granian with its embedded worker. The
@@ -44,8 +45,10 @@ def test_tasks_streams_and_live_notifications(granian_pair: Pair) -> None:
         assert answered.result["content"][0]["text"] == "Slept for 300 ms"
 
 
-def test_sigterm_closes_open_streams_with_retry(stack: Stack) -> None:
-    web = stack.web(server="granian", embedded_worker=False)
+@pytest.mark.parametrize("server", ["granian", "daphne"])
+def test_sigterm_closes_open_streams_with_retry(stack: Stack, server: str) -> None:
+    """Both servers: streams end with a retry: hint (a clean end of body) before the process stops."""
+    web = stack.web(server=server, embedded_worker=False)
     try:
         with McpClient(web.url) as c:
             c.initialize()

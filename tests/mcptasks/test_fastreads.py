@@ -65,17 +65,22 @@ def test_tasks_are_scoped_like_the_orm_selector() -> None:
     assert fast == orm and "expired" in str(orm).lower()
 
 
-def test_status_only_reads_leave_payloads_unloaded() -> None:
-    owner = make_auth()
-    task = make_task(owner)
+def _status_only(auth: Any, task: Task) -> Task:
+    """``aget_task(status_only=True)`` from sync test code."""
 
     async def read() -> Task:
         try:
-            return await selectors.aget_task(auth=owner, task_id=task.task_id, status_only=True)
+            return await selectors.aget_task(auth=auth, task_id=task.task_id, status_only=True)
         finally:
             await fastreads.close()
 
-    fast = async_to_sync(read)()
+    return async_to_sync(read)()
+
+
+def test_status_only_reads_leave_payloads_unloaded() -> None:
+    owner = make_auth()
+    task = make_task(owner)
+    fast = _status_only(owner, task)
     assert fast.wire() == Task.objects.get(pk=task.pk).wire()
     assert {"params", "result", "error"} <= fast.get_deferred_fields()
 
@@ -274,14 +279,7 @@ def test_instances_built_from_rows_behave_like_the_orms() -> None:
         assert not signals.pre_init.has_listeners(model) and not signals.post_init.has_listeners(model)
     owner = make_auth()
     task = make_task(owner)
-
-    async def read() -> Task:
-        try:
-            return await selectors.aget_task(auth=owner, task_id=task.task_id, status_only=True)
-        finally:
-            await fastreads.close()
-
-    fast = async_to_sync(read)()
+    fast = _status_only(owner, task)
     payload = {"params", "result", "error"}
     orm = Task.objects.only(*[f.attname for f in Task._meta.concrete_fields if f.name not in payload]).get(pk=task.pk)
     assert fast.get_deferred_fields() == orm.get_deferred_fields() == {"params", "result", "error"}
