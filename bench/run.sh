@@ -8,4 +8,6 @@ export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379/0}"
 # The other ASGI servers measured (daphne comes with the project).
 .venv/bin/python -c "import granian, uvicorn" 2>/dev/null \
     || .venv/bin/python -m pip install -q "granian>=2,<3" "uvicorn[standard]>=0.30"
-exec .venv/bin/python bench/tasks_get.py "$@"
+.venv/bin/python bench/tasks_get.py "$@"
+# (c) a status change in a worker to the notification at a client of another web process.
+.venv/bin/python bench/notify_latency.py 10 20
