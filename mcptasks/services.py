@@ -116,8 +116,6 @@ def create_task(
     expires = now + dt.timedelta(milliseconds=ttl) if ttl is not None else None
     max_attempts = conf.get().TASK_MAX_ATTEMPTS if tool.retryable else 1
     with transaction.atomic():
-        # Every run takes a slot, plain calls included: they occupy workers just the same.
-        quotas.acquire_task_slot(tenant_id=auth.tenant_id, principal_id=auth.principal_id)
         task = Task.objects.create(
             kind=kind,
             tenant_id=auth.tenant_id,
@@ -139,6 +137,11 @@ def create_task(
         )
         if kind == Task.Kind.TASK:
             record_audit(auth=auth, action="task.create", task_id=task.task_id, data={"tool": tool.name, "ttl": ttl})
+        # Every run takes a slot, plain calls included: they occupy workers just the same. Taken
+        # last, just before the commit: the slot's UPDATE locks the tenant's row until then, and
+        # every creation of the tenant waits for that lock, so it is held for as little as can
+        # be. A refusal rolls the task and its audit row back with it.
+        quotas.acquire_task_slot(tenant_id=auth.tenant_id, principal_id=auth.principal_id)
         transaction.on_commit(bus.wake_workers)
     return task
 

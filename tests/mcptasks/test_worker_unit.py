@@ -254,3 +254,23 @@ def test_a_batch_of_outcomes_writes_only_current_live_runs() -> None:
     actions = set(AuditEvent.objects.filter(task_id__in=[done.task_id, failed.task_id])
                   .values_list("task_id", "action"))
     assert {(done.task_id, "task.completed"), (failed.task_id, "task.failed")} <= actions
+
+
+@pytest.mark.django_db
+def test_a_refused_creation_leaves_no_task_and_no_audit_row() -> None:
+    """The slot is taken last in the creation's transaction: a refusal rolls back what came before it."""
+    from mcptasks import services as svc
+    from mcptasks.models import AuditEvent, Task
+    from tenants.quotas import QuotaExceeded
+    from tests.support.factories import demo_tool, make_auth, make_session, make_tenant
+
+    tenant = make_tenant(max_concurrent_tasks=1)
+    auth = make_auth(tenant)
+    session = make_session(auth)
+    svc.create_task(auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1}, request_id=1,
+                    progress_token=None)
+    with pytest.raises(QuotaExceeded):
+        svc.create_task(auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1}, request_id=2,
+                        progress_token=None)
+    assert Task.objects.filter(tenant_id=tenant.pk).count() == 1
+    assert AuditEvent.objects.filter(tenant_id=tenant.pk, action="task.create").count() == 1
