@@ -5,7 +5,10 @@ server's CPU. For every server a session is opened and one task created; wrk the
 ``tasks/get`` for it over 32 connections (and 1) for a few seconds. Servers:
 
 - ``sdk``: the official Python SDK peer (``bench/peers/sdk_server.py``: mcp 1.30 low-level server,
-  ``enable_tasks()``, JSON responses, in-memory store) under uvicorn;
+  ``enable_tasks()``, in-memory store) under uvicorn, with JSON responses and (``sdk SSE``) SSE
+  responses; ``fastmcp``: FastMCP 3.4 (``bench/peers/fastmcp_server.py``, in-memory task
+  backend). Each peer runs from a virtualenv of its own (``bench/.venvs/``, made on first use);
+  ratios are against the best peer of the run;
 - ``bare``: a Channels consumer that answers a constant (``bench/peers/bare_consumer.py``)
   under daphne, the ceiling of any Channels app there;
 - ``mcptasks``: one daphne process on PostgreSQL + Redis with a real bearer token, the full auth
@@ -29,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -57,6 +61,26 @@ if auth and auth ~= "" then wrk.headers["Authorization"] = auth end
 """
 
 
+def _peer_python(name: str, requirements: list[str]) -> str:
+    """The Python of a peer's own virtualenv (``bench/.venvs/NAME``), made on first use."""
+    venv = REPO / "bench" / ".venvs" / name
+    python, marker = venv / "bin" / "python", venv / "requirements.txt"
+    wanted = "\n".join(requirements)
+    if not python.exists() or not marker.exists() or marker.read_text() != wanted:
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *requirements], check=True)
+        marker.write_text(wanted)
+    return str(python)
+
+
+def _json(resp: httpx.Response) -> dict[str, Any]:
+    """The JSON-RPC message of a response, JSON or a one-event SSE stream."""
+    if resp.headers.get("content-type", "").startswith("text/event-stream"):
+        data = [line[5:].strip() for line in resp.text.splitlines() if line.startswith("data:")]
+        return dict(json.loads(next(d for d in data if d)))
+    return dict(resp.json())
+
+
 def _session(url: str, token: str | None) -> tuple[str, str]:
     """Open a session and create one task; returns (session id, task id)."""
     headers = {"Accept": ACCEPT_BOTH, "Content-Type": "application/json"}
@@ -76,10 +100,10 @@ def _session(url: str, token: str | None) -> tuple[str, str]:
         "params": {"name": "demo_sleep", "arguments": {"ms": 1}, "task": {"ttl": 3_600_000}},
     })
     created.raise_for_status()
-    task_id = created.json()["result"]["task"]["taskId"]
+    task_id = _json(created)["result"]["task"]["taskId"]
     check = httpx.post(url, headers=headers, timeout=30,
                        json={"jsonrpc": "2.0", "id": 3, "method": "tasks/get", "params": {"taskId": task_id}})
-    assert check.json()["result"]["taskId"] == task_id, check.text
+    assert _json(check)["result"]["taskId"] == task_id, check.text
     return sid, task_id
 
 
@@ -156,8 +180,16 @@ def main() -> None:
         del worker
         servers: list[tuple[str, list[str], dict[str, str], str, str | None]] = []
         port = free_port()
-        servers.append(("sdk (mcp 1.30, uvicorn)", [sys.executable, "bench/peers/sdk_server.py", str(port)], {},
+        sdk_python = _peer_python("sdk", ["mcp==1.30.0", "uvicorn>=0.30"])
+        servers.append(("sdk (mcp 1.30, uvicorn)", [sdk_python, "bench/peers/sdk_server.py", str(port)], {},
                         f"http://127.0.0.1:{port}/mcp", None))
+        port = free_port()
+        servers.append(("sdk SSE (mcp 1.30, uvicorn)", [sdk_python, "bench/peers/sdk_server.py", str(port), "sse"],
+                        {}, f"http://127.0.0.1:{port}/mcp", None))
+        port = free_port()
+        servers.append(("fastmcp (3.4, uvicorn)",
+                        [_peer_python("fastmcp", ["fastmcp[tasks]>=3.4,<4"]), "bench/peers/fastmcp_server.py",
+                         str(port)], {}, f"http://127.0.0.1:{port}/mcp", None))
         port = free_port()
         servers.append(("bare Channels consumer (daphne)",
                         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
@@ -226,7 +258,11 @@ def main() -> None:
             if proc.poll() is None:
                 proc.kill()
         teardown()
-    peer = {c: r["rps"] for label, c, r in results if label.startswith("sdk")}
+    # Ours against the best peer of each row's connection count.
+    peer: dict[int, float] = {}
+    for label, c, r in results:
+        if label.startswith(("sdk", "fastmcp")):
+            peer[c] = max(peer.get(c, 0.0), r["rps"])
     # The ceiling under the same server: each mcptasks row is compared with the bare consumer
     # under its own server where one was measured (daphne otherwise).
     bare = {(label.split("(")[1], c): r["rps"] for label, c, r in results if label.startswith("bare")}
@@ -237,7 +273,7 @@ def main() -> None:
 
     print(f"\ntasks/get: the median of {ROUNDS} rounds of {seconds:g} s (each round's req/s under 'rounds')")
     print("| server | connections | tasks/get req/s | rounds | p50 ms | p99 ms | non-2xx | socket errors "
-          "| vs SDK peer | vs bare consumer (same server) |")
+          "| vs best peer | vs bare consumer (same server) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for label, c, r in results:
         each = ", ".join(f"{x:.0f}" for x in per_round[(label, c)])

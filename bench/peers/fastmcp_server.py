@@ -1,7 +1,8 @@
-"""Peer: FastMCP 3.4 with a background-task tool (``task=True``: Docket, in-memory backend).
+"""FastMCP 3.4.x peer for bench/tasks_get.py: a `demo_sleep` tool with task support, the
+in-memory task backend (Docket's `memory://`), JSON responses, on uvicorn.
 
-Runs in its own virtualenv (FastMCP pins its own ``mcp``): ``bench/throughput.py`` creates it
-under ``var/bench-fastmcp`` on first use. Usage: ``python fastmcp_server.py PORT``.
+Runs in its own virtualenv (bench/tasks_get.py makes it: ``pip install "fastmcp<4"``).
+Usage: ``python bench/peers/fastmcp_server.py PORT``.
 """
 
 from __future__ import annotations
@@ -9,19 +10,17 @@ from __future__ import annotations
 import asyncio
 import sys
 
-import uvicorn
 from fastmcp import FastMCP
 
-mcp = FastMCP("fastmcp-peer")
+mcp = FastMCP("bench-fastmcp")
 
 
 @mcp.tool(task=True)
-async def demo_sleep(ms: int = 0) -> str:
+async def demo_sleep(ms: int = 1) -> str:
     """Sleep for ms milliseconds."""
     await asyncio.sleep(ms / 1000)
     return f"Slept for {ms} ms"
 
 
 if __name__ == "__main__":
-    uvicorn.run(mcp.http_app(path="/mcp", json_response=True), host="127.0.0.1", port=int(sys.argv[1]),
-                log_level="warning")
+    mcp.run(transport="http", host="127.0.0.1", port=int(sys.argv[1]), json_response=True, log_level="warning")

@@ -1,6 +1,6 @@
 """The peer: the official Python SDK (mcp 1.30) low-level server with enable_tasks().
 
-JSON responses, in-memory task store, served by uvicorn. Usage: ``python sdk_server.py PORT``.
+JSON responses, in-memory task store, served by uvicorn. Usage: ``python sdk_server.py PORT [sse]``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ async def call_tool(name: str, arguments: dict[str, Any]) -> Any:
     return [types.TextContent(type="text", text=f"Slept for {ms} ms")]
 
 
-manager = StreamableHTTPSessionManager(app=server, json_response=True)
+# JSON responses by default; SSE responses (one event per answer) with a second argument "sse".
+manager = StreamableHTTPSessionManager(app=server, json_response=not (len(sys.argv) > 2 and sys.argv[2] == "sse"))
 
 
 @contextlib.asynccontextmanager
