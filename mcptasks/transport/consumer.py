@@ -36,6 +36,7 @@ from tenants.exceptions import QuotaExceeded, RateLimited
 from tenants.selectors import cached_tenant_row, effective_limits, limits_of
 
 from .. import bus, conf, layers, selectors, services, watch
+from ..era2026 import transport as era2026_transport
 from ..handlers import RequestContext, StreamReply, dispatcher, operation_class, required_scope
 from ..models import McpSession, StreamEvent, Task
 from ..protocol import jsonrpc, versions
@@ -440,9 +441,13 @@ class McpConsumer(AsyncHttpConsumer):
                 (b"access-control-expose-headers", b"Mcp-Session-Id, MCP-Protocol-Version, WWW-Authenticate"),
             ]
 
-    def _check_protocol_header(self) -> None:
+    def _check_protocol_header(self, *, body_read: bool = False) -> None:
         version = self._header("mcp-protocol-version")
         if version and not versions.is_supported(version):
+            # era2026: a sessionless POST may be of the 2026-07-28 era, which answers this itself
+            # (with the request id), so the check waits for the body (see _post).
+            if not body_read and self.scope.get("method") == "POST" and not self._header("mcp-session-id"):
+                return
             raise HttpError(400, f"Unsupported MCP-Protocol-Version: {version[:40]}")
 
     def _resource_url(self) -> str:
@@ -534,6 +539,12 @@ class McpConsumer(AsyncHttpConsumer):
             await self._send_json(400, jsonrpc.error_response(rid, exc))
             return
         assert self.auth is not None
+        # --- era2026 hook: per-request _meta / no session is MCP 2026-07-28 (mcptasks.era2026).
+        if era2026_transport.selects(self._headers(), raw):
+            await era2026_transport.serve(self, raw, msg)
+            return
+        self._check_protocol_header(body_read=True)
+        # --- end era2026 hook
         if isinstance(msg, jsonrpc.JSONRPCRequest) and msg.method == "initialize":
             self.session = None  # initialize always opens a new session
         else:

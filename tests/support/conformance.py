@@ -39,8 +39,19 @@ def _environ(**values: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def run_suite(label: str, *, node: str, suite: str, database_url: str, redis_url: str) -> bool:
-    """One run of ``--suite all``; prints the suite's report, and log tails on failure."""
+#: How each suite is asked to run: 0.1.16 with every scenario (2025-11-25), 0.2.0 with the
+#: scenarios the 2026-07-28 revision requires (plus the not-scored tasks extension ones).
+SUITE_ARGS: dict[str, list[str]] = {
+    "2025-11-25": ["--suite", "all"],
+    "2026-07-28": ["--requirements", "2026-07-28"],
+}
+
+
+def run_suite(
+    label: str, *, node: str, suite: str, database_url: str, redis_url: str, revision: str = "2025-11-25",
+    scenario: str | None = None,
+) -> bool:
+    """One run of the suite for ``revision``; prints the suite's report, and log tails on failure."""
     work = Path(tempfile.mkdtemp(prefix=f"mcptasks-conformance-{label}-"))
     with _environ(DATABASE_URL=database_url, REDIS_URL=redis_url):
         stack, teardown = make_stack(work)
@@ -50,11 +61,13 @@ def run_suite(label: str, *, node: str, suite: str, database_url: str, redis_url
         web = stack.daphne()  # embedded worker unless PostgreSQL + Redis
         if stack.multi_process:
             stack.worker(concurrency=8)
+        label = f"{revision}, {label}"
         print(f"\n=== conformance ({label}) on {web.url} ===", flush=True)
         baseline = work / "baseline.yml"
         baseline.write_text("server: []\n")
+        args = ["--scenario", scenario] if scenario else SUITE_ARGS[revision]
         run = subprocess.run(
-            [node, suite, "server", "--url", web.url, "--suite", "all", "--expected-failures", str(baseline)],
+            [node, suite, "server", "--url", web.url, *args, "--expected-failures", str(baseline)],
             cwd=work, capture_output=True, text=True, timeout=900,
         )
         print(run.stdout, run.stderr, sep="\n", flush=True)
