@@ -209,9 +209,11 @@ class WorkerBackend:
                                    message={"_close": True})
 
     async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        capability = {"elicitation/create": "elicitation", "sampling/createMessage": "sampling"}.get(method)
+        capability = {"elicitation/create": "elicitation", "sampling/createMessage": "sampling",
+                      "roots/list": "roots"}.get(method)
         if capability and not self.client_supports(capability):
-            raise McpError(CAPABILITY_MISSING, f"The client did not declare the {capability} capability")
+            raise McpError(CAPABILITY_MISSING, f"The client did not declare the {capability} capability",
+                           {"requiredCapabilities": {capability: {}}})
         self.answered.clear()
         msg = await _db(services.add_task_message)(task=self.task, method=method, params=params)
         poll = conf.get().WORKER_HEARTBEAT_S

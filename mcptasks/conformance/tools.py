@@ -297,3 +297,7 @@ def test_prompt_with_image() -> list[dict[str, Any]]:
         {"role": "user", "content": image(PNG_1X1, "image/png")},
         {"role": "user", "content": text("Please analyze the image above.")},
     ]
+
+
+# The 2026-07-28 scenarios' fixtures live in their own module; importing it registers them.
+from . import tools_2026  # noqa: E402, F401

@@ -18,14 +18,12 @@ from django.utils import timezone
 from tenants.auth import AuthContext
 
 from .. import services
+from ..context import INPUT_KEY_META
 from ..models import TERMINAL, McpSession, Task, TaskMessage, TaskStatus, _iso
 from ..protocol.era2026 import INPUT_KEY_PATTERN, VERSION, RequestMeta, task_wire
 from ..protocol.errors import INVALID_PARAMS, TASK_EXPIRED, TASK_NOT_FOUND, McpError
 from ..protocol.messages import RELATED_TASK
 
-#: Where a tool names an input request's key (``ToolContext.elicit(..., key=...)``); the key
-#: stays server-side metadata and is stripped from what the client sees.
-INPUT_KEY_META = "io.mcptasks/inputKey"
 _INPUT_KEY = re.compile(INPUT_KEY_PATTERN)
 
 
@@ -113,12 +111,16 @@ def answer_inputs(*, auth: AuthContext, task: Task, responses: dict[str, dict[st
 # --- waiting for a plain run ------------------------------------------------------------------
 
 
-def _round_state(pk: int) -> tuple[str, bool] | None:
-    row = Task.objects.filter(pk=pk).values_list("status", flat=True).first()
-    if row is None:
+def _round_state(pk: int) -> tuple[str, int] | None:
+    status = Task.objects.filter(pk=pk).values_list("status", flat=True).first()
+    if status is None:
         return None
-    waiting = TaskMessage.objects.filter(task_id=pk, answered_at__isnull=True).exists()
-    return row, waiting
+    return status, TaskMessage.objects.filter(task_id=pk, answered_at__isnull=True).count()
+
+
+#: A tool that asks several things at once (``asyncio.gather``) stores them one after the
+#: other: a round is answered once the pending count held still this long.
+SETTLE_S = 0.06
 
 
 async def wait_for_round(*, task: Task, timeout_s: float) -> Task | None:
@@ -130,15 +132,20 @@ async def wait_for_round(*, task: Task, timeout_s: float) -> Task | None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     delay = 0.02
+    seen = -1
     while True:
         state = await sync_to_async(_round_state)(task.pk)
         if state is None:
             raise McpError(INVALID_PARAMS, TASK_NOT_FOUND)
         status, waiting = state
-        if status in TERMINAL or waiting:
+        if status in TERMINAL or (waiting and waiting == seen):
             return await sync_to_async(Task.objects.get)(pk=task.pk)
         if loop.time() >= deadline:
             return None
+        if waiting:
+            seen = waiting
+            await asyncio.sleep(SETTLE_S)
+            continue
         await asyncio.sleep(delay)
         delay = min(0.25, delay * 1.5)
 
