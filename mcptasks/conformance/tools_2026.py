@@ -40,14 +40,14 @@ async def greet(name: str) -> str:
 
 @tool(description="Sleeps for `seconds`, then answers; runs as a task when the client takes one",
       task_support="optional")
-async def slow_compute(ctx: ToolContext, seconds: float = 1.0) -> str:
+async def slow_compute(ctx: ToolContext, seconds: float = 1.0, label: str = "") -> str:
     remaining = max(0.0, min(float(seconds), 300.0))
     while remaining > 0:
         ctx.check_cancelled()
         step = min(0.1, remaining)
         await asyncio.sleep(step)
         remaining -= step
-    return f"Computed after {seconds:g}s"
+    return f"Computed {label[:100]} after {seconds:g}s".replace("  ", " ")
 
 
 @tool(description="Always reports a tool error after about a second (task only)", task_support="required")
