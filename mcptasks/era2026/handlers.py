@@ -17,7 +17,7 @@ from asgiref.sync import sync_to_async
 
 from tenants.auth import AuthContext
 
-from .. import bus, conf, selectors, services, watch
+from .. import conf, selectors, services, watch
 from .. import handlers as legacy
 from ..models import Task
 from ..protocol import era2026, versions
@@ -171,10 +171,8 @@ async def tools_call(ctx: EraContext, params: CallToolParams) -> dict[str, Any]:
         )
         # Created and committed: an immediate tasks/get finds it.
         return {"resultType": era2026.TASK, **tasks.task_object(task)}
-    task = await sync_to_async(services.create_task)(
-        auth=ctx.auth, session=session, tool=tool, arguments=params.arguments or {},
-        request_id=ctx.request_id, progress_token=None, kind=Task.Kind.REQUEST,
-        stream_id=bus.new_stream_id("p"),
+    task = await sync_to_async(tasks.start_plain_run)(
+        auth=ctx.auth, session=session, tool=tool, arguments=params.arguments or {}, request_id=ctx.request_id,
     )
     return await _round_outcome(ctx, task, tool_name=tool.name, round_=1)
 

@@ -18,8 +18,9 @@ from tenants.auth import AuthContext
 from ..protocol.errors import invalid_params
 
 _SALT = "mcptasks.era2026.requestState"
-#: How long a round may wait for the client's answer (the run behind it waits as long).
-MAX_AGE_S = 3600
+#: How long a round may wait for the client's answer (as long as the run behind it waits,
+#: ``tasks.PLAIN_RUN_TTL_S``).
+MAX_AGE_S = 600
 
 
 @dataclass(frozen=True)

@@ -9,20 +9,23 @@ key, waiting for a run to need input or end) and the wire form of a task in this
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import re
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.db import transaction
 from django.utils import timezone
 
 from tenants.auth import AuthContext
 
-from .. import services
+from .. import bus, services
 from ..context import INPUT_KEY_META
 from ..models import TERMINAL, McpSession, Task, TaskMessage, TaskStatus, _iso
 from ..protocol.era2026 import INPUT_KEY_PATTERN, VERSION, RequestMeta, task_wire
 from ..protocol.errors import INVALID_PARAMS, TASK_EXPIRED, TASK_NOT_FOUND, McpError
 from ..protocol.messages import RELATED_TASK
+from ..registry import Tool
 
 _INPUT_KEY = re.compile(INPUT_KEY_PATTERN)
 
@@ -42,6 +45,29 @@ def open_request_session(*, auth: AuthContext, meta: RequestMeta) -> McpSession:
         tenant_id=auth.tenant_id, principal_id=auth.principal_id, protocol_version=VERSION,
         client_info=info, client_capabilities=dict(meta.client_capabilities), initialized=True,
     )
+
+
+#: How long a plain 2026-07-28 run may wait for its client's next round. Past it the run
+#: fails (its pending request can no longer be answered) and frees its quota slot; its
+#: ``requestState`` stops verifying at the same time.
+PLAIN_RUN_TTL_S = 600
+
+
+def start_plain_run(*, auth: AuthContext, session: McpSession, tool: Tool, arguments: dict[str, Any],
+                    request_id: str | int) -> Task:
+    """Create the run of a plain ``tools/call`` with its round deadline (one transaction).
+
+    The deadline is written before the commit that wakes a worker, so the run never starts
+    without it.
+    """
+    with transaction.atomic():
+        task = services.create_task(
+            auth=auth, session=session, tool=tool, arguments=arguments, request_id=request_id,
+            progress_token=None, kind=Task.Kind.REQUEST, stream_id=bus.new_stream_id("p"),
+        )
+        task.expires_at = timezone.now() + dt.timedelta(seconds=PLAIN_RUN_TTL_S)
+        Task.objects.filter(pk=task.pk).update(expires_at=task.expires_at)
+    return task
 
 
 # --- lookups ----------------------------------------------------------------------------------

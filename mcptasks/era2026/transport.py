@@ -55,14 +55,17 @@ _QUOTE = 64
 
 def selects(headers: dict[str, str], raw: Any) -> bool:
     """Whether a POST body belongs to the 2026-07-28 era (see the module docstring)."""
-    if headers.get("mcp-session-id") or not isinstance(raw, dict) or raw.get("method") == "initialize":
+    if headers.get("mcp-session-id") or not isinstance(raw, dict):
         return False
-    version = headers.get("mcp-protocol-version", "")
-    if version and not versions.is_supported(version):
-        return True  # 2026-07-28, or a version nobody serves: answered here, with the request id
     params = raw.get("params")
     meta = params.get("_meta") if isinstance(params, dict) else None
-    return isinstance(meta, dict) and META_PROTOCOL_VERSION in meta
+    if isinstance(meta, dict) and META_PROTOCOL_VERSION in meta:
+        return True  # per-request _meta: this era (where initialize is an unknown method)
+    if raw.get("method") == "initialize":
+        return False  # a 2025-11-25 handshake, whatever its header says
+    version = headers.get("mcp-protocol-version", "")
+    # 2026-07-28 without _meta (-32602), or a version nobody serves (-32022): answered here.
+    return bool(version) and not versions.is_supported(version)
 
 
 def _quote(value: str) -> str:
@@ -136,8 +139,8 @@ async def serve(consumer: McpConsumer, raw: Any, msg: Any) -> None:
         await consumer._send_json(400, jsonrpc.error_response(rid, err))
         return
     try:
-        check_version(meta)
         check_headers(headers, msg.method, msg.params, meta)
+        check_version(meta)
         if handlers.dispatcher.route(msg.method) is None:
             raise McpError(METHOD_NOT_FOUND, f"Method not found: {msg.method[:_QUOTE]}")
     except McpError as err:
