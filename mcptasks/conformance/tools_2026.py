@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from mcptasks.registry import ToolContext, ToolResult, text, tool
+from mcptasks.era2026 import inputs
+from mcptasks.registry import ToolContext, ToolResult, prompt, text, tool
 
 NAME_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
 
@@ -174,3 +175,25 @@ async def test_input_required_result_capabilities(ctx: ToolContext) -> str:
         asks.append(ctx.sample("Generate a greeting", max_tokens=50, key="greeting"))
     answers = await asyncio.gather(*asks)
     return f"Answered {len(answers)} request(s)"
+
+
+@tool(
+    description="Echoes a region that also travels in the Mcp-Param-Region header (SEP-2243)",
+    input_schema={"type": "object", "properties": {
+        "region": {"type": "string", "x-mcp-header": "Region"},
+        "query": {"type": "string"},
+    }, "required": ["region"]},
+)
+async def test_custom_header(region: str, query: str = "") -> str:
+    return f"region={region}"
+
+
+@prompt(description="A prompt that asks the user for context first (SEP-2322)", arguments=[])
+def test_input_required_result_prompt() -> list[dict[str, Any]]:
+    answers = inputs.require({"user_context": {"method": "elicitation/create", "params": {
+        "message": "What context should the prompt use?",
+        "requestedSchema": {"type": "object", "properties": {"context": {"type": "string"}},
+                            "required": ["context"]},
+    }}})
+    context = _content(answers["user_context"], "context") or "(none)"
+    return [{"role": "user", "content": {"type": "text", "text": f"Use this context: {context}"}}]

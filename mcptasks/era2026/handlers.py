@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from pydantic import Field
 
 from tenants.auth import AuthContext
 
@@ -46,7 +47,7 @@ from ..protocol.messages import (
 )
 from ..registry import Registry, ToolInputError, registry
 from ..transport.errors import PASSTHROUGH
-from . import state, tasks
+from . import inputs, state, tasks
 
 #: Every revision this endpoint serves: this era first, then the session-based ones.
 SUPPORTED_VERSIONS: tuple[str, ...] = (era2026.VERSION, *versions.SUPPORTED)
@@ -292,10 +293,29 @@ async def prompts_list(ctx: EraContext, params: PaginatedParams) -> dict[str, An
     return _cacheable(await legacy.prompts_list(ctx.legacy(), params), LIST_TTL_MS)
 
 
-@dispatcher.register("prompts/get", GetPromptParams)
-async def prompts_get(ctx: EraContext, params: GetPromptParams) -> dict[str, Any]:
-    """Render a prompt."""
-    return era2026.complete(await legacy.prompts_get(ctx.legacy(), params))
+class PromptParams(GetPromptParams):
+    """``prompts/get`` with the input round members (SEP-2322)."""
+
+    inputResponses: dict[str, dict[str, Any]] | None = Field(default=None, max_length=era2026.MAX_INPUT_RESPONSES)
+    requestState: str | None = Field(default=None, max_length=4096)
+
+
+@dispatcher.register("prompts/get", PromptParams)
+async def prompts_get(ctx: EraContext, params: PromptParams) -> dict[str, Any]:
+    """Render a prompt; a prompt that needs the client's input answers with input rounds."""
+    subject = "prompt:" + params.name
+    round_ = 1
+    if params.requestState is not None:
+        round_ = state.verify(auth=ctx.auth, state=params.requestState, tool=subject).round + 1
+    token = inputs.provide(params.inputResponses)
+    try:
+        return era2026.complete(await legacy.prompts_get(ctx.legacy(), params))
+    except inputs.NeedsInput as need:
+        # Nothing runs between rounds: the state only binds the retry to this caller and prompt.
+        issued = state.issue(auth=ctx.auth, task_id="", tool=subject, round_=round_)
+        return era2026.input_required(need.requests, issued)
+    finally:
+        inputs.reset(token)
 
 
 @dispatcher.register("completion/complete", CompleteParams)

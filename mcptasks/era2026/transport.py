@@ -13,7 +13,10 @@ dispatches. The caller was authenticated before the body was read, as for every 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
+import re
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
@@ -35,6 +38,7 @@ from ..protocol.errors import (
     UNSUPPORTED_PROTOCOL_VERSION,
     McpError,
 )
+from ..registry import registry
 from ..transport import errors
 from ..transport.errors import UNAVAILABLE
 from . import handlers
@@ -115,6 +119,54 @@ def check_headers(headers: dict[str, str], method: str, params: Any, meta: Reque
         raise McpError(HEADER_MISMATCH, f"Header mismatch: Mcp-Name does not match params.{source}")
 
 
+_BASE64_WRAPPED = re.compile(r"^=\?base64\?(.*)\?=$", re.S)
+_BASE64_STRICT = re.compile(r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$")
+
+
+def header_value(raw: str) -> str:
+    """An ``Mcp-Param-*`` value: ``=?base64?...?=`` is decoded (strictly), anything else is literal."""
+    wrapped = _BASE64_WRAPPED.fullmatch(raw)
+    if wrapped is None:
+        return raw
+    encoded = wrapped.group(1)
+    if not _BASE64_STRICT.fullmatch(encoded):
+        raise McpError(HEADER_MISMATCH, "Header mismatch: malformed Base64 in an Mcp-Param header")
+    try:
+        return base64.b64decode(encoded, validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        raise McpError(HEADER_MISMATCH, "Header mismatch: malformed Base64 in an Mcp-Param header") from None
+
+
+def _as_header_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def check_param_headers(headers: dict[str, str], input_schema: dict[str, Any], arguments: Any) -> None:
+    """SEP-2243 custom headers: an argument whose schema names ``x-mcp-header`` travels in
+    ``Mcp-Param-<name>`` too, and the two must agree (-32020 when missing or different)."""
+    properties = input_schema.get("properties")
+    if not isinstance(properties, dict):
+        return
+    args = arguments if isinstance(arguments, dict) else {}
+    for param, schema in properties.items():
+        suffix = schema.get("x-mcp-header") if isinstance(schema, dict) else None
+        if not isinstance(suffix, str):
+            continue
+        sent = headers.get("mcp-param-" + suffix.lower())
+        if param not in args or args[param] is None:
+            if sent is not None:
+                raise McpError(HEADER_MISMATCH, f"Header mismatch: Mcp-Param-{suffix[:_QUOTE]} without the argument")
+            continue
+        if sent is None:
+            raise McpError(HEADER_MISMATCH, f"Header mismatch: Mcp-Param-{suffix[:_QUOTE]} header is required")
+        if header_value(sent) != _as_header_text(args[param]):
+            raise McpError(HEADER_MISMATCH, f"Header mismatch: Mcp-Param-{suffix[:_QUOTE]} does not match the argument")
+
+
 def status_for(err: McpError, *, meta_error: bool = False) -> int:
     """The HTTP status of a JSON-RPC error in this era."""
     if meta_error:
@@ -141,6 +193,11 @@ async def serve(consumer: McpConsumer, raw: Any, msg: Any) -> None:
     try:
         check_headers(headers, msg.method, msg.params, meta)
         check_version(meta)
+        if msg.method == "tools/call" and isinstance(msg.params, dict):
+            tool = registry.get_tool(str(msg.params.get("name")))
+            if tool is not None:
+                check_param_headers(headers, tool.definition(with_execution=False)["inputSchema"],
+                                    msg.params.get("arguments"))
         if handlers.dispatcher.route(msg.method) is None:
             raise McpError(METHOD_NOT_FOUND, f"Method not found: {msg.method[:_QUOTE]}")
     except McpError as err:

@@ -1,7 +1,8 @@
 """Run the official MCP conformance suite against real servers started by :mod:`tests.support.servers`.
 
-``.ci/conformance.sh`` installs the suite and Node 22, then runs
-``python -m tests.support.conformance NODE SUITE``: once on the embedded default (SQLite,
+``.ci/conformance.sh`` installs the suites and Node 22, then runs
+``python -m tests.support.conformance NODE SUITE NODE_2026 SUITE_2026``: for each revision,
+once on the embedded default (SQLite,
 in-memory layer, worker inside daphne) and, when ``DATABASE_URL`` is PostgreSQL, once on a
 scratch database with a separate worker (over Redis when ``REDIS_URL`` is set). The servers are
 started exactly as the end-to-end tests start them, on the default settings. The expected-
@@ -84,15 +85,23 @@ def run_suite(
 
 
 def main(argv: list[str]) -> int:
-    """``python -m tests.support.conformance NODE SUITE``: every run; 0 when all pass."""
-    node, suite = argv
-    ok = run_suite("sqlite", node=node, suite=suite, database_url="", redis_url="")
+    """``python -m tests.support.conformance NODE SUITE [NODE_2026 SUITE_2026]``: every run; 0 when all pass.
+
+    The first suite measures 2025-11-25; the optional second one (0.2.0) the 2026-07-28
+    requirement set. Each runs on SQLite and, when ``DATABASE_URL`` is PostgreSQL, there too.
+    """
+    runs = [("2025-11-25", argv[0], argv[1])]
+    if len(argv) >= 4:
+        runs.append(("2026-07-28", argv[2], argv[3]))
+    ok = True
     database_url = os.environ.get("DATABASE_URL", "")
-    if database_url.startswith(("postgres://", "postgresql://")):
-        ok = run_suite("postgres", node=node, suite=suite, database_url=database_url,
-                       redis_url=os.environ.get("REDIS_URL", "")) and ok
-    else:
-        print("conformance: DATABASE_URL is not PostgreSQL; skipped the PostgreSQL + separate worker run")
+    for revision, node, suite in runs:
+        ok = run_suite("sqlite", node=node, suite=suite, database_url="", redis_url="", revision=revision) and ok
+        if database_url.startswith(("postgres://", "postgresql://")):
+            ok = run_suite("postgres", node=node, suite=suite, database_url=database_url,
+                           redis_url=os.environ.get("REDIS_URL", ""), revision=revision) and ok
+        else:
+            print(f"conformance ({revision}): DATABASE_URL is not PostgreSQL; skipped the PostgreSQL run")
     if ok:
         print("conformance: all runs passed with 0 failures and 0 warnings")
     return 0 if ok else 1
