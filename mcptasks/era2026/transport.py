@@ -53,6 +53,10 @@ logger = logging.getLogger(__name__)
 _STATUS_BY_CODE = {
     HEADER_MISMATCH: 400, MISSING_CLIENT_CAPABILITY: 400, UNSUPPORTED_PROTOCOL_VERSION: 400, METHOD_NOT_FOUND: 404,
 }
+#: Methods whose ``Mcp-Name`` is checked when present but tolerated when absent: the published
+#: Python client of the tasks extension (``mcp`` 2.3 under FastMCP 4.0) sends none on them. A
+#: present value must still match ``params.taskId``.
+_NAME_OPTIONAL = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})
 #: Longest header value quoted back in an error message (never the whole client string).
 _QUOTE = 64
 
@@ -98,12 +102,12 @@ def check_version(meta: RequestMeta) -> None:
 
 def check_headers(headers: dict[str, str], method: str, params: Any, meta: RequestMeta) -> None:
     """SEP-2243: the headers must be present and repeat what the body says (-32020 otherwise)."""
-    version = headers.get("mcp-protocol-version")
+    version = _ows(headers.get("mcp-protocol-version"))
     if version is None:
         raise McpError(HEADER_MISMATCH, "Header mismatch: MCP-Protocol-Version header is required")
     if version != meta.protocol_version:
         raise McpError(HEADER_MISMATCH, f"Header mismatch: MCP-Protocol-Version {_quote(version)} does not match _meta")
-    sent_method = headers.get("mcp-method")
+    sent_method = _ows(headers.get("mcp-method"))
     if sent_method is None:
         raise McpError(HEADER_MISMATCH, "Header mismatch: Mcp-Method header is required")
     if sent_method != method:
@@ -112,10 +116,12 @@ def check_headers(headers: dict[str, str], method: str, params: Any, meta: Reque
     if source is None:
         return
     value = params.get(source) if isinstance(params, dict) else None
-    sent_name = headers.get("mcp-name")
+    sent_name = _ows(headers.get("mcp-name"))
     if sent_name is None:
+        if method in _NAME_OPTIONAL:
+            return
         raise McpError(HEADER_MISMATCH, "Header mismatch: Mcp-Name header is required for " + method)
-    if not isinstance(value, str) or sent_name != value:
+    if not isinstance(value, str) or header_value(sent_name) != value:
         raise McpError(HEADER_MISMATCH, f"Header mismatch: Mcp-Name does not match params.{source}")
 
 
@@ -165,6 +171,11 @@ def check_param_headers(headers: dict[str, str], input_schema: dict[str, Any], a
             raise McpError(HEADER_MISMATCH, f"Header mismatch: Mcp-Param-{suffix[:_QUOTE]} header is required")
         if header_value(sent) != _as_header_text(args[param]):
             raise McpError(HEADER_MISMATCH, f"Header mismatch: Mcp-Param-{suffix[:_QUOTE]} does not match the argument")
+
+
+def _ows(value: str | None) -> str | None:
+    # RFC 9110 §5.5: optional whitespace around a field value is not part of it.
+    return value.strip(" \t") if value is not None else None
 
 
 def status_for(err: McpError, *, meta_error: bool = False) -> int:
