@@ -260,3 +260,12 @@ async def test_scopes_apply_as_in_2025() -> None:
     status, msg = await call("tools/call", {"name": "demo_progress", "arguments": {"steps": 1}},
                              caps=TASKS_CAPS, token=token)
     assert status == 403
+
+
+async def test_mcp_name_may_be_absent_on_tasks_methods_but_must_match_when_present() -> None:
+    _, absent = await call("tasks/get", {"taskId": "abc"}, caps=TASKS_CAPS, mcp_name=None)
+    assert absent["error"]["code"] == -32602  # past the header rules: an unknown task
+    status, wrong = await call("tasks/get", {"taskId": "abc"}, caps=TASKS_CAPS, mcp_name="other")
+    assert status == 400 and wrong["error"]["code"] == -32020
+    _, padded = await call("tools/list", {}, mcp_method="  tools/list ")
+    assert padded["result"]["resultType"] == "complete"
