@@ -82,7 +82,8 @@ async def multi_input(ctx: ToolContext) -> str:
     return f"Answers: {_content(first, 'name')}, {_content(second, 'name')}"
 
 
-@tool(description="Gathers a name, then runs as a task (task only)", task_support="required")
+@tool(description="Gathers a name, then runs as a task (task only)", task_support="required",
+      meta={"io.mcptasks/gatherInputFirst": True})
 async def test_tool_with_task(ctx: ToolContext) -> str:
     answer = await ctx.elicit("What is your name?", NAME_SCHEMA, key="user_name")
     return f"Hello, {_content(answer, 'name')}!"

@@ -10,6 +10,7 @@ services and audit as the 2025-11-25 methods, so a task is one task whichever er
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,6 +142,17 @@ async def tools_list(ctx: EraContext, params: PaginatedParams) -> dict[str, Any]
     return _cacheable(legacy._list_result("tools", tools, params.cursor, conf.get().TOOLS_PAGE_SIZE), LIST_TTL_MS)
 
 
+#: Tool ``_meta`` flag: gather the tool's first input in plain rounds, then hand over the task.
+GATHER_INPUT_FIRST = "io.mcptasks/gatherInputFirst"
+#: How long a creating call waits for such a tool's first question before answering with the task.
+GATHER_WAIT_S = 5.0
+
+
+def gathers_input_first(meta: dict[str, Any] | None) -> bool:
+    """Whether a tool asked for the MRTR-then-task composition (SEP-2663)."""
+    return bool((meta or {}).get(GATHER_INPUT_FIRST))
+
+
 def creates_task(ctx: EraContext, tool_name: str) -> bool:
     """The server's decision (SEP-2663): a task for a task-capable tool, if the client can take one."""
     tool = ctx.registry.get_tool(tool_name)
@@ -148,7 +160,7 @@ def creates_task(ctx: EraContext, tool_name: str) -> bool:
 
 
 @dispatcher.register("tools/call", CallToolParams, scope=legacy.TOOLS)
-async def tools_call(ctx: EraContext, params: CallToolParams) -> dict[str, Any]:
+async def tools_call(ctx: EraContext, params: CallToolParams) -> dict[str, Any] | PlainRound:
     """Run a tool: as a task when the server decides so, else as rounds of a plain request."""
     tool = ctx.registry.get_tool(params.name)
     if tool is None:
@@ -170,26 +182,75 @@ async def tools_call(ctx: EraContext, params: CallToolParams) -> dict[str, Any]:
             auth=ctx.auth, session=session, tool=tool, arguments=params.arguments or {},
             request_id=ctx.request_id, progress_token=None, kind=Task.Kind.TASK,
         )
+        if gathers_input_first(tool.meta):
+            # SEP-2663 composition: the input the tool asks for first is gathered in plain
+            # rounds; the retry that answers it gets the CreateTaskResult.
+            done = await tasks.wait_for_round(task=task, timeout_s=GATHER_WAIT_S)
+            if done is not None and not done.is_terminal:
+                requests = await sync_to_async(tasks.pending_requests)(task=done)
+                if requests:
+                    issued = state.issue(auth=ctx.auth, task_id=task.task_id, tool=tool.name, round_=1, kind="task")
+                    return era2026.input_required(requests, issued)
+            task = done or task
         # Created and committed: an immediate tasks/get finds it.
         return {"resultType": era2026.TASK, **tasks.task_object(task)}
+    token = progress_token(params.meta)
     task = await sync_to_async(tasks.start_plain_run)(
         auth=ctx.auth, session=session, tool=tool, arguments=params.arguments or {}, request_id=ctx.request_id,
+        progress_token=token,
     )
+    if token is not None:
+        # The transport streams the run's progress, then this round's outcome (see PlainRound).
+        return PlainRound(ctx=ctx, task=task, tool_name=tool.name, round_=1)
     return await _round_outcome(ctx, task, tool_name=tool.name, round_=1)
+
+
+def progress_token(meta: dict[str, Any] | None) -> str | int | None:
+    """The request's ``_meta.progressToken`` if it is a string or an integer."""
+    token = (meta or {}).get("progressToken")
+    return token if isinstance(token, str | int) and not isinstance(token, bool) else None
+
+
+@dataclass
+class PlainRound:
+    """A round whose answer comes on an SSE response: the run's progress, then :meth:`outcome`."""
+
+    ctx: EraContext
+    task: Task
+    tool_name: str
+    round_: int
+
+    async def outcome(self, on_tick: Callable[[], Awaitable[None]]) -> dict[str, Any]:
+        """The round's result (or raise its error), calling ``on_tick`` while it waits."""
+        return await _round_outcome(self.ctx, self.task, tool_name=self.tool_name, round_=self.round_,
+                                    on_tick=on_tick)
 
 
 async def _next_round(ctx: EraContext, params: CallToolParams) -> dict[str, Any]:
     """A retried call: answer the run's pending requests, then report how it goes on."""
     assert params.requestState is not None
     round_state = state.verify(auth=ctx.auth, state=params.requestState, tool=params.name)
-    task = await sync_to_async(tasks.get_run)(auth=ctx.auth, task_id=round_state.task_id, kind=Task.Kind.REQUEST)
+    kind = Task.Kind.TASK if round_state.kind == "task" else Task.Kind.REQUEST
+    task = await sync_to_async(tasks.get_run)(auth=ctx.auth, task_id=round_state.task_id, kind=kind)
     if params.inputResponses:
         await sync_to_async(tasks.answer_inputs)(auth=ctx.auth, task=task, responses=params.inputResponses)
+    if kind == Task.Kind.TASK:
+        if await sync_to_async(tasks.pending_count)(task=task):
+            # Still missing answers: ask again (same questions, a fresh state).
+            requests = await sync_to_async(tasks.pending_requests)(task=task)
+            token = state.issue(auth=ctx.auth, task_id=task.task_id, tool=params.name,
+                                round_=round_state.round + 1, kind="task")
+            return era2026.input_required(requests, token)
+        await sync_to_async(task.refresh_from_db)()
+        return {"resultType": era2026.TASK, **tasks.task_object(task)}
     return await _round_outcome(ctx, task, tool_name=params.name, round_=round_state.round + 1)
 
 
-async def _round_outcome(ctx: EraContext, task: Task, *, tool_name: str, round_: int) -> dict[str, Any]:
-    done = await tasks.wait_for_round(task=task, timeout_s=ROUND_WAIT_S)
+async def _round_outcome(
+    ctx: EraContext, task: Task, *, tool_name: str, round_: int,
+    on_tick: Callable[[], Awaitable[None]] | None = None,
+) -> dict[str, Any]:
+    done = await tasks.wait_for_round(task=task, timeout_s=ROUND_WAIT_S, on_tick=on_tick)
     if done is None:
         raise McpError(INTERNAL_ERROR, f"The call did not finish or ask for input within {ROUND_WAIT_S:.0f} s")
     if not done.is_terminal:

@@ -30,12 +30,14 @@ class RoundState:
     task_id: str
     tool: str
     round: int
+    #: "request": a plain run; "task": a task that gathers input before it is handed over.
+    kind: str = "request"
 
 
-def issue(*, auth: AuthContext, task_id: str, tool: str, round_: int) -> str:
+def issue(*, auth: AuthContext, task_id: str, tool: str, round_: int, kind: str = "request") -> str:
     """A fresh signed state for the caller (a nonce makes every round's state distinct)."""
     payload = {
-        "t": task_id, "n": tool, "r": round_, "x": secrets.token_urlsafe(6),
+        "t": task_id, "n": tool, "r": round_, "k": kind, "x": secrets.token_urlsafe(6),
         "tn": auth.tenant_id, "p": auth.principal_id,
     }
     return signing.dumps(payload, salt=_SALT, compress=True)
@@ -54,7 +56,8 @@ def verify(*, auth: AuthContext, state: str, tool: str) -> RoundState:
         or data.get("n") != tool
         or not isinstance(data.get("t"), str)
         or not isinstance(data.get("r"), int)
+        or data.get("k", "request") not in ("request", "task")
     ):
         # Another caller's (or another tool's) state: indistinguishable from a forged one.
         raise invalid_params("Invalid requestState: it failed integrity verification")
-    return RoundState(task_id=data["t"], tool=tool, round=data["r"])
+    return RoundState(task_id=data["t"], tool=tool, round=data["r"], kind=data.get("k", "request"))

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -21,7 +23,7 @@ from tenants.auth import AuthContext
 
 from .. import bus, services
 from ..context import INPUT_KEY_META
-from ..models import TERMINAL, McpSession, Task, TaskMessage, TaskStatus, _iso
+from ..models import TERMINAL, McpSession, StreamEvent, Task, TaskMessage, TaskStatus, _iso
 from ..protocol.era2026 import INPUT_KEY_PATTERN, VERSION, RequestMeta, task_wire
 from ..protocol.errors import INVALID_PARAMS, TASK_EXPIRED, TASK_NOT_FOUND, McpError
 from ..protocol.messages import RELATED_TASK
@@ -54,7 +56,7 @@ PLAIN_RUN_TTL_S = 600
 
 
 def start_plain_run(*, auth: AuthContext, session: McpSession, tool: Tool, arguments: dict[str, Any],
-                    request_id: str | int) -> Task:
+                    request_id: str | int, progress_token: str | int | None = None) -> Task:
     """Create the run of a plain ``tools/call`` with its round deadline (one transaction).
 
     The deadline is written before the commit that wakes a worker, so the run never starts
@@ -63,7 +65,7 @@ def start_plain_run(*, auth: AuthContext, session: McpSession, tool: Tool, argum
     with transaction.atomic():
         task = services.create_task(
             auth=auth, session=session, tool=tool, arguments=arguments, request_id=request_id,
-            progress_token=None, kind=Task.Kind.REQUEST, stream_id=bus.new_stream_id("p"),
+            progress_token=progress_token, kind=Task.Kind.REQUEST, stream_id=bus.new_stream_id("p"),
         )
         task.expires_at = timezone.now() + dt.timedelta(seconds=PLAIN_RUN_TTL_S)
         Task.objects.filter(pk=task.pk).update(expires_at=task.expires_at)
@@ -116,6 +118,11 @@ def pending_requests(*, task: Task) -> dict[str, dict[str, Any]]:
     return {input_key(m): input_request(m) for m in msgs}
 
 
+def pending_count(*, task: Task) -> int:
+    """How many of the task's requests wait for an answer (sync; call from a thread or a sync path)."""
+    return TaskMessage.objects.filter(task_id=task.pk, answered_at__isnull=True).count()
+
+
 def answer_inputs(*, auth: AuthContext, task: Task, responses: dict[str, dict[str, Any]]) -> int:
     """Answer the task's pending requests whose keys ``responses`` names; returns how many.
 
@@ -149,7 +156,25 @@ def _round_state(pk: int) -> tuple[str, int] | None:
 SETTLE_S = 0.06
 
 
-async def wait_for_round(*, task: Task, timeout_s: float) -> Task | None:
+def progress_since(*, task: Task, after: int) -> tuple[list[dict[str, Any]], int]:
+    """The run's ``notifications/progress`` stored after sequence ``after``, and the new position.
+
+    Only progress is forwarded: a stateless response stream carries no server requests, and
+    log messages only when asked for (not offered here).
+    """
+    rows = list(StreamEvent.objects.filter(stream_id=task.stream_id or "", seq__gt=after)
+                .order_by("seq").values_list("seq", "data")[:200])
+    notes = []
+    for _seq, data in rows:
+        message = json.loads(data)
+        if isinstance(message, dict) and message.get("method") == "notifications/progress":
+            notes.append(message)
+    return notes, (rows[-1][0] if rows else after)
+
+
+async def wait_for_round(
+    *, task: Task, timeout_s: float, on_tick: Callable[[], Awaitable[None]] | None = None
+) -> Task | None:
     """Wait until the run ended or asks for input; the refreshed task, or None on timeout.
 
     A stateless request has no stream to be woken on, so this re-reads the row with a short,
@@ -160,6 +185,8 @@ async def wait_for_round(*, task: Task, timeout_s: float) -> Task | None:
     delay = 0.02
     seen = -1
     while True:
+        if on_tick is not None:
+            await on_tick()
         state = await sync_to_async(_round_state)(task.pk)
         if state is None:
             raise McpError(INVALID_PARAMS, TASK_NOT_FOUND)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import logging
 import re
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ from ..protocol import era2026, jsonrpc, versions
 from ..protocol.era2026 import META_PROTOCOL_VERSION, NAME_SOURCE, RequestMeta
 from ..protocol.errors import (
     HEADER_MISMATCH,
+    INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
@@ -39,9 +41,9 @@ from ..protocol.errors import (
     McpError,
 )
 from ..registry import registry
-from ..transport import errors
+from ..transport import errors, sse
 from ..transport.errors import UNAVAILABLE
-from . import handlers
+from . import handlers, tasks
 from .handlers import EraContext
 
 if TYPE_CHECKING:
@@ -246,4 +248,37 @@ async def serve(consumer: McpConsumer, raw: Any, msg: Any) -> None:
                                  data={"method": msg.method[:64], "reason": exc.message[:200]})
         await consumer._refuse(rid, exc)
         return
+    if isinstance(result, handlers.PlainRound):
+        await _stream_round(consumer, rid, result)
+        return
     await consumer._send_json(200, jsonrpc.response(rid, result))
+
+
+async def _stream_round(consumer: McpConsumer, rid: str | int, round_: handlers.PlainRound) -> None:
+    """Answer a plain call that asked for progress: SSE with its progress, then the response.
+
+    The stream carries notifications and the one response only (never a server request). It is
+    not resumable: a client that loses it retries the call.
+    """
+    await consumer.send_headers(status=200, headers=[
+        (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache, no-transform"),
+        (b"x-accel-buffering", b"no"), *consumer.cors_headers,
+    ])
+    position = 0
+
+    async def forward() -> None:
+        nonlocal position
+        notes, position = await sync_to_async(tasks.progress_since)(task=round_.task, after=position)
+        for note in notes:
+            await consumer.send_body(sse.event(json.dumps(note, separators=(",", ":"))), more_body=True)
+
+    try:
+        result = await round_.outcome(forward)
+        await forward()
+        message = jsonrpc.response(rid, result)
+    except McpError as err:
+        message = jsonrpc.error_response(rid, err)
+    except UNAVAILABLE:
+        message = jsonrpc.error_response(rid, McpError(INTERNAL_ERROR, "Service temporarily unavailable"))
+    await consumer.send_body(sse.event(json.dumps(message, separators=(",", ":"))), more_body=False)
+    consumer.responded = True

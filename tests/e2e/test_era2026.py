@@ -154,3 +154,35 @@ def test_tasks_cross_eras_both_ways(server: Proc, c26: Client2026) -> None:
         assert c26.result("tasks/get", {"taskId": made_2026})["status"] == "cancelled"
         # And the 2025 client still reads its own task with the 2025 methods.
         assert wait_status(legacy, made_2025, {"completed"})["status"] == "completed"
+
+
+def test_plain_call_with_a_progress_token_streams_progress_then_the_result(server: Proc) -> None:
+    import httpx
+
+    from tests.support.client import iter_sse
+
+    body = {"jsonrpc": "2.0", "id": 77, "method": "tools/call", "params": {
+        "name": "demo_progress", "arguments": {"steps": 3, "interval_ms": 50},
+        "_meta": {"progressToken": "tok", "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                  "io.modelcontextprotocol/clientCapabilities": {}}}}
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+               "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call", "Mcp-Name": "demo_progress"}
+    with httpx.stream("POST", server.url, json=body, headers=headers, timeout=30) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        messages = [e.message for e in iter_sse(response.iter_lines()) if not isinstance(e, str) and e.message]
+    progress = [m["params"]["progress"] for m in messages if m.get("method") == "notifications/progress"]
+    assert progress == [1, 2, 3] and all(m["params"]["progressToken"] == "tok" for m in messages[:-1])
+    assert not any("id" in m and "method" in m for m in messages)  # no server requests on the stream
+    final = messages[-1]
+    assert final["id"] == 77 and final["result"]["resultType"] == "complete"
+    assert final["result"]["content"][0]["text"] == "Completed 3 steps"
+
+
+def test_input_gathered_in_rounds_then_handed_over_as_a_task(c26: Client2026) -> None:
+    r1 = c26.result("tools/call", {"name": "test_tool_with_task", "arguments": {}})
+    assert r1["resultType"] == "input_required" and "taskId" not in r1 and list(r1["inputRequests"]) == ["user_name"]
+    r2 = c26.result("tools/call", {"name": "test_tool_with_task", "arguments": {}, "requestState": r1["requestState"],
+                                   "inputResponses": {"user_name": {"action": "accept", "content": {"name": "Alice"}}}})
+    assert r2["resultType"] == "task" and "requestState" not in r2
+    done = c26.wait_status(r2["taskId"], {"completed", "failed", "cancelled"})
+    assert done["result"]["content"][0]["text"] == "Hello, Alice!"
