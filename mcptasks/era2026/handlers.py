@@ -36,6 +36,7 @@ from ..protocol.errors import (
     CAPABILITY_MISSING,
     INTERNAL_ERROR,
     MISSING_CLIENT_CAPABILITY,
+    RESOURCE_NOT_FOUND,
     McpError,
     invalid_params,
 )
@@ -199,10 +200,11 @@ async def tools_call(ctx: EraContext, params: CallToolParams) -> dict[str, Any] 
         auth=ctx.auth, session=session, tool=tool, arguments=params.arguments or {}, request_id=ctx.request_id,
         progress_token=token,
     )
+    given = dict(params.inputResponses or {})
     if token is not None:
         # The transport streams the run's progress, then this round's outcome (see PlainRound).
-        return PlainRound(ctx=ctx, task=task, tool_name=tool.name, round_=1)
-    return await _round_outcome(ctx, task, tool_name=tool.name, round_=1)
+        return PlainRound(ctx=ctx, task=task, tool_name=tool.name, round_=1, given=given)
+    return await _round_outcome(ctx, task, tool_name=tool.name, round_=1, given=given)
 
 
 def progress_token(meta: dict[str, Any] | None) -> str | int | None:
@@ -219,11 +221,12 @@ class PlainRound:
     task: Task
     tool_name: str
     round_: int
+    given: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     async def outcome(self, on_tick: Callable[[], Awaitable[None]]) -> dict[str, Any]:
         """The round's result (or raise its error), calling ``on_tick`` while it waits."""
         return await _round_outcome(self.ctx, self.task, tool_name=self.tool_name, round_=self.round_,
-                                    on_tick=on_tick)
+                                    on_tick=on_tick, given=self.given)
 
 
 async def _next_round(ctx: EraContext, params: CallToolParams) -> dict[str, Any]:
@@ -248,13 +251,22 @@ async def _next_round(ctx: EraContext, params: CallToolParams) -> dict[str, Any]
 
 async def _round_outcome(
     ctx: EraContext, task: Task, *, tool_name: str, round_: int,
-    on_tick: Callable[[], Awaitable[None]] | None = None,
+    on_tick: Callable[[], Awaitable[None]] | None = None, given: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    done = await tasks.wait_for_round(task=task, timeout_s=ROUND_WAIT_S, on_tick=on_tick)
-    if done is None:
-        raise McpError(INTERNAL_ERROR, f"The call did not finish or ask for input within {ROUND_WAIT_S:.0f} s")
-    if not done.is_terminal:
+    """Wait for the run; answers it asks for that the request already carries (``given``, e.g.
+    ``inputResponses`` sent with the first call) are used at once, each key once."""
+    unused = dict(given or {})
+    while True:
+        done = await tasks.wait_for_round(task=task, timeout_s=ROUND_WAIT_S, on_tick=on_tick)
+        if done is None:
+            raise McpError(INTERNAL_ERROR, f"The call did not finish or ask for input within {ROUND_WAIT_S:.0f} s")
+        if done.is_terminal:
+            break
         requests = await sync_to_async(tasks.pending_requests)(task=done)
+        usable = {k: unused.pop(k) for k in list(requests) if k in unused}
+        if usable:
+            await sync_to_async(tasks.answer_inputs)(auth=ctx.auth, task=done, responses=usable)
+            continue
         if requests:
             token = state.issue(auth=ctx.auth, task_id=done.task_id, tool=tool_name, round_=round_)
             return era2026.input_required(requests, token)
@@ -344,8 +356,13 @@ async def resource_templates_list(ctx: EraContext, params: PaginatedParams) -> d
 
 @dispatcher.register("resources/read", ReadResourceParams)
 async def resources_read(ctx: EraContext, params: ReadResourceParams) -> dict[str, Any]:
-    """Read a resource."""
-    return _cacheable(await legacy.resources_read(ctx.legacy(), params), READ_TTL_MS)
+    """Read a resource; an unknown one is -32602 in this era (SEP-2164; 2025-11-25 used -32002)."""
+    try:
+        return _cacheable(await legacy.resources_read(ctx.legacy(), params), READ_TTL_MS)
+    except McpError as exc:
+        if exc.code == RESOURCE_NOT_FOUND:
+            raise invalid_params("Resource not found", {"uri": params.uri}) from None
+        raise
 
 
 @dispatcher.register("prompts/list", PaginatedParams)

@@ -436,7 +436,9 @@ class McpConsumer(AsyncHttpConsumer):
                 (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
                 (
                     b"access-control-allow-headers",
-                    b"Content-Type, Authorization, Mcp-Session-Id, MCP-Protocol-Version, Last-Event-ID, Accept",
+                    # Mcp-Method, Mcp-Name: the 2026-07-28 routing headers (era2026).
+                    b"Content-Type, Authorization, Mcp-Session-Id, MCP-Protocol-Version, Last-Event-ID, Accept, "
+                    b"Mcp-Method, Mcp-Name",
                 ),
                 (b"access-control-expose-headers", b"Mcp-Session-Id, MCP-Protocol-Version, WWW-Authenticate"),
             ]

@@ -186,3 +186,12 @@ def test_input_gathered_in_rounds_then_handed_over_as_a_task(c26: Client2026) ->
     assert r2["resultType"] == "task" and "requestState" not in r2
     done = c26.wait_status(r2["taskId"], {"completed", "failed", "cancelled"})
     assert done["result"]["content"][0]["text"] == "Hello, Alice!"
+
+
+def test_answers_sent_with_the_first_call_are_used_and_extra_keys_ignored(server: Proc) -> None:
+    with Client2026(server.url, capabilities={"elicitation": {}}) as c:
+        result = c.result("tools/call", {"name": "test_input_required_result_elicitation", "arguments": {},
+                                         "inputResponses": {
+                                             "user_name": {"action": "accept", "content": {"name": "Alice"}},
+                                             "unknown_extra_key": {"action": "accept", "content": {}}}})
+        assert result == {"resultType": "complete", "content": [{"type": "text", "text": "Hello, Alice!"}]}

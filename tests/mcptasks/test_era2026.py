@@ -269,3 +269,9 @@ async def test_mcp_name_may_be_absent_on_tasks_methods_but_must_match_when_prese
     assert status == 400 and wrong["error"]["code"] == -32020
     _, padded = await call("tools/list", {}, mcp_method="  tools/list ")
     assert padded["result"]["resultType"] == "complete"
+
+
+async def test_an_unknown_resource_is_32602_with_its_uri_in_this_era() -> None:
+    status, msg = await call("resources/read", {"uri": "test://nope"})
+    assert status == 200
+    assert msg["error"]["code"] == -32602 and msg["error"]["data"] == {"uri": "test://nope"}
