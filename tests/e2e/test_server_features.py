@@ -76,7 +76,14 @@ def test_tools_list_is_deterministic_and_sorted(client: McpClient) -> None:
 def test_tools_list_pagination_walks_every_page(server: Proc, paged: Proc) -> None:
     with McpClient(server.url) as full_client:
         full_client.initialize()
-        everything = [t["name"] for t in full_client.request("tools/list").result["tools"]]
+        # Every tool, in pages of the default size (the stack has more than one page of them).
+        everything, next_cursor = [], None
+        while True:
+            page = full_client.request("tools/list", {"cursor": next_cursor} if next_cursor else {}).result
+            everything.extend(t["name"] for t in page["tools"])
+            next_cursor = page.get("nextCursor")
+            if next_cursor is None:
+                break
     with McpClient(paged.url) as c:
         c.initialize()
         walked: list[str] = []
