@@ -87,19 +87,26 @@ class ToolContext:
         self.check_cancelled()
         await self._backend.set_status_message(message)
 
-    async def elicit(self, message: str, requested_schema: dict[str, Any], **extra: Any) -> dict[str, Any]:
-        """Ask the user through the client (``elicitation/create``); returns the ElicitResult."""
+    async def elicit(
+        self, message: str, requested_schema: dict[str, Any], *, key: str | None = None, **extra: Any
+    ) -> dict[str, Any]:
+        """Ask the user through the client (``elicitation/create``); returns the ElicitResult.
+
+        ``key`` names the request in a 2026-07-28 client's ``inputRequests`` (default: a server
+        id); a 2025-11-25 client never sees it.
+        """
         self.check_cancelled()
         params: dict[str, Any] = {"message": message, "requestedSchema": requested_schema, **extra}
         if "mode" not in params and "url" not in params:
             params.setdefault("mode", "form")
-        return await self._backend.request("elicitation/create", params)
+        return await self._backend.request("elicitation/create", _keyed(params, key))
 
     async def sample(
         self,
         messages: list[dict[str, Any]] | str,
         *,
         max_tokens: int = 1000,
+        key: str | None = None,
         **extra: Any,
     ) -> dict[str, Any]:
         """Ask the client's model (``sampling/createMessage``); returns the CreateMessageResult."""
@@ -107,7 +114,12 @@ class ToolContext:
         if isinstance(messages, str):
             messages = [{"role": "user", "content": {"type": "text", "text": messages}}]
         params: dict[str, Any] = {"messages": messages, "maxTokens": max_tokens, **extra}
-        return await self._backend.request("sampling/createMessage", params)
+        return await self._backend.request("sampling/createMessage", _keyed(params, key))
+
+    async def list_roots(self, *, key: str | None = None) -> dict[str, Any]:
+        """Ask the client for its roots (``roots/list``); returns the ListRootsResult."""
+        self.check_cancelled()
+        return await self._backend.request("roots/list", _keyed({}, key))
 
     def client_supports(self, capability: str) -> bool:
         """Whether the client declared a capability (``"elicitation"``, ``"sampling"``, ...)."""
@@ -122,6 +134,18 @@ class ToolContext:
         closer = getattr(self._backend, "close_stream", None)
         if closer is not None:
             await closer()
+
+
+#: Where an input request's key travels to the 2026-07-28 adapter (stripped before sending).
+INPUT_KEY_META = "io.mcptasks/inputKey"
+
+
+def _keyed(params: dict[str, Any], key: str | None) -> dict[str, Any]:
+    if key is None:
+        return params
+    meta = dict(params.get("_meta") or {})
+    meta[INPUT_KEY_META] = key
+    return {**params, "_meta": meta}
 
 
 class SyncToolContext:

@@ -127,6 +127,11 @@ def _outcome(task: Task, status: str, message: str | None, *, result: dict[str, 
     return Outcome(pk=task.pk, attempt=task.attempt, status=status, message=message, result=result, error=error)
 
 
+#: A worker holds at most this many times its concurrency in runs, counting those that wait
+#: for their client (which do not count against the concurrency itself).
+WAITING_FACTOR = 4
+
+
 class WorkerBackend:
     """The :class:`ToolContext` backend for a tool running in this worker."""
 
@@ -137,6 +142,8 @@ class WorkerBackend:
         self.cancel_flag = False
         self.handed_back = False
         self.answered = asyncio.Event()
+        #: Requests of this run waiting for the client (a run that waits does not count as busy).
+        self.awaiting_client = 0
         self._capabilities: dict[str, Any] | None = None
 
     @property
@@ -209,11 +216,23 @@ class WorkerBackend:
                                    message={"_close": True})
 
     async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        capability = {"elicitation/create": "elicitation", "sampling/createMessage": "sampling"}.get(method)
+        capability = {"elicitation/create": "elicitation", "sampling/createMessage": "sampling",
+                      "roots/list": "roots"}.get(method)
         if capability and not self.client_supports(capability):
-            raise McpError(CAPABILITY_MISSING, f"The client did not declare the {capability} capability")
+            raise McpError(CAPABILITY_MISSING, f"The client did not declare the {capability} capability",
+                           {"requiredCapabilities": {capability: {}}})
         self.answered.clear()
         msg = await _db(services.add_task_message)(task=self.task, method=method, params=params)
+        self.awaiting_client += 1
+        # A run waiting for its client (for a 2026-07-28 client, maybe for a retry that never
+        # comes) frees its slot: the claim loop may start other work meanwhile.
+        self.worker.wake.set()
+        try:
+            return await self._await_answer(method, msg)
+        finally:
+            self.awaiting_client -= 1
+
+    async def _await_answer(self, method: str, msg: TaskMessage) -> dict[str, Any]:
         poll = conf.get().WORKER_HEARTBEAT_S
         while True:
             if self.cancel_flag:
@@ -286,6 +305,12 @@ class Worker:
 
     # --- lifecycle -----------------------------------------------------------------------------
 
+    def _free_slots(self) -> int:
+        """Runs this worker may start: ``concurrency`` minus the runs not waiting for a client,
+        and never more than ``WAITING_FACTOR`` times ``concurrency`` runs in all."""
+        busy = sum(1 for _t, backend, _a in self.running.values() if not backend.awaiting_client)
+        return min(self.concurrency - busy, self.concurrency * WAITING_FACTOR - len(self.running))
+
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Claim and run tasks until ``stop`` is set, then drain within the shutdown grace."""
         stop = stop or asyncio.Event()
@@ -302,7 +327,7 @@ class Worker:
                 try:
                     await self._maybe_cleanup()
                     await self._maybe_reap()
-                    free = self.concurrency - len(self.running)
+                    free = self._free_slots()
                     if self.max_tasks is not None:
                         free = min(free, self.max_tasks - self.started)
                     claimed = await _db(self._claim)(free) if free > 0 else []

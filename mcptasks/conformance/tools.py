@@ -206,11 +206,23 @@ JSON_SCHEMA_2020_12 = {
     "type": "object",
     "$defs": {
         "address": {
+            "$anchor": "addressDef",
             "type": "object",
             "properties": {"street": {"type": "string"}, "city": {"type": "string"}},
         }
     },
-    "properties": {"name": {"type": "string"}, "address": {"$ref": "#/$defs/address"}},
+    "properties": {
+        "name": {"type": "string"},
+        "address": {"$ref": "#/$defs/address"},
+        "contactMethod": {"type": "string", "enum": ["phone", "email"]},
+        "phone": {"type": "string"},
+        "email": {"type": "string"},
+    },
+    # SEP-2106 (2026-07-28): composition and conditional keywords must survive tools/list too.
+    "allOf": [{"anyOf": [{"required": ["phone"]}, {"required": ["email"]}]}],
+    "if": {"properties": {"contactMethod": {"const": "phone"}}, "required": ["contactMethod"]},
+    "then": {"required": ["phone"]},
+    "else": {"required": ["email"]},
     "additionalProperties": False,
 }
 
@@ -297,3 +309,7 @@ def test_prompt_with_image() -> list[dict[str, Any]]:
         {"role": "user", "content": image(PNG_1X1, "image/png")},
         {"role": "user", "content": text("Please analyze the image above.")},
     ]
+
+
+# The 2026-07-28 scenarios' fixtures live in their own module; importing it registers them.
+from . import tools_2026  # noqa: E402, F401

@@ -17,6 +17,10 @@ QUOTA_EXCEEDED = -32010
 RATE_LIMITED = -32011
 CAPABILITY_MISSING = -32012
 REQUEST_CANCELLED = -32800
+# 2026-07-28 (SEP-2243, SEP-2575): answered with HTTP 400.
+HEADER_MISMATCH = -32020
+MISSING_CLIENT_CAPABILITY = -32021  # formerly -32003 in drafts of the tasks extension
+UNSUPPORTED_PROTOCOL_VERSION = -32022
 
 # Messages the tasks spec words exactly.
 TASK_NOT_FOUND = "Failed to retrieve task: Task not found"

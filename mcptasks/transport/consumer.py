@@ -38,6 +38,7 @@ from tenants.exceptions import QuotaExceeded, RateLimited
 from tenants.selectors import TenantRow, cached_tenant_row, limits_of, tenant_row
 
 from .. import bus, conf, layers, selectors, services, watch
+from ..era2026 import transport as era2026_transport
 from ..handlers import RequestContext, StreamReply, dispatcher, operation_class, required_scope
 from ..models import McpSession, StreamEvent, Task
 from ..protocol import jsonrpc, versions
@@ -466,15 +467,21 @@ class McpConsumer(AsyncHttpConsumer):
                 (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
                 (
                     b"access-control-allow-headers",
-                    b"Content-Type, Authorization, Mcp-Session-Id, MCP-Protocol-Version, Last-Event-ID, Accept",
+                    # Mcp-Method, Mcp-Name: the 2026-07-28 routing headers (era2026).
+                    b"Content-Type, Authorization, Mcp-Session-Id, MCP-Protocol-Version, Last-Event-ID, Accept, "
+                    b"Mcp-Method, Mcp-Name",
                 ),
                 (b"access-control-expose-headers", b"Mcp-Session-Id, MCP-Protocol-Version, WWW-Authenticate"),
             ]
         self._host_checked = True
 
-    def _check_protocol_header(self) -> None:
+    def _check_protocol_header(self, *, body_read: bool = False) -> None:
         version = self._header("mcp-protocol-version")
         if version and not versions.is_supported(version):
+            # era2026: a sessionless POST may be of the 2026-07-28 era, which answers this itself
+            # (with the request id), so the check waits for the body (see _post).
+            if not body_read and self.scope.get("method") == "POST" and not self._header("mcp-session-id"):
+                return
             raise HttpError(400, f"Unsupported MCP-Protocol-Version: {version[:40]}")
 
     def _resource_url(self) -> str:
@@ -569,6 +576,12 @@ class McpConsumer(AsyncHttpConsumer):
             await self._send_json(400, jsonrpc.error_response(rid, exc))
             return
         assert self.auth is not None
+        # --- era2026 hook: per-request _meta / no session is MCP 2026-07-28 (mcptasks.era2026).
+        if era2026_transport.selects(self._headers(), raw):
+            await era2026_transport.serve(self, raw, msg)
+            return
+        self._check_protocol_header(body_read=True)
+        # --- end era2026 hook
         if isinstance(msg, jsonrpc.JSONRPCRequest) and msg.method == "initialize":
             self.session = None  # initialize always opens a new session
         else:

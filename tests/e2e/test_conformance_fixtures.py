@@ -43,14 +43,12 @@ def test_tools_are_listed_on_the_first_page_with_descriptions(client: McpClient)
         assert tools[name]["description"], name
         assert tools[name]["inputSchema"]["type"] == "object", name
     assert tools["json_schema_2020_12_tool"]["description"] == "Tool with JSON Schema 2020-12 features"
-    assert tools["json_schema_2020_12_tool"]["inputSchema"] == {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "type": "object",
-        "$defs": {"address": {"type": "object", "properties": {"street": {"type": "string"},
-                                                                "city": {"type": "string"}}}},
-        "properties": {"name": {"type": "string"}, "address": {"$ref": "#/$defs/address"}},
-        "additionalProperties": False,
-    }
+    from mcptasks.conformance.tools import JSON_SCHEMA_2020_12
+
+    schema = tools["json_schema_2020_12_tool"]["inputSchema"]
+    assert schema == JSON_SCHEMA_2020_12  # verbatim: nothing stripped (SEP-1613, SEP-2106)
+    assert schema["$defs"]["address"]["$anchor"] == "addressDef"
+    assert {"allOf", "if", "then", "else", "$schema", "additionalProperties"} <= set(schema)
     assert tools["test_sampling"]["inputSchema"]["required"] == ["prompt"]
     assert tools["test_elicitation"]["inputSchema"]["required"] == ["message"]
 

@@ -1,7 +1,8 @@
 """Run the official MCP conformance suite against real servers started by :mod:`tests.support.servers`.
 
-``.ci/conformance.sh`` installs the suite and Node 22, then runs
-``python -m tests.support.conformance NODE SUITE``: once on the embedded default (SQLite,
+``.ci/conformance.sh`` installs the suites and Node 22, then runs
+``python -m tests.support.conformance NODE SUITE NODE_2026 SUITE_2026``: for each revision,
+once on the embedded default (SQLite,
 in-memory layer, worker inside daphne) and, when ``DATABASE_URL`` is PostgreSQL, once on a
 scratch database; with ``REDIS_URL`` set too, that run is the production layout: granian and a
 separate worker. The servers are
@@ -40,8 +41,19 @@ def _environ(**values: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def run_suite(label: str, *, node: str, suite: str, database_url: str, redis_url: str) -> bool:
-    """One run of ``--suite all``; prints the suite's report, and log tails on failure."""
+#: How each suite is asked to run: 0.1.16 with every scenario (2025-11-25), 0.2.0 with the
+#: scenarios the 2026-07-28 revision requires (plus the not-scored tasks extension ones).
+SUITE_ARGS: dict[str, list[str]] = {
+    "2025-11-25": ["--suite", "all"],
+    "2026-07-28": ["--requirements", "2026-07-28"],
+}
+
+
+def run_suite(
+    label: str, *, node: str, suite: str, database_url: str, redis_url: str, revision: str = "2025-11-25",
+    scenario: str | None = None,
+) -> bool:
+    """One run of the suite for ``revision``; prints the suite's report, and log tails on failure."""
     work = Path(tempfile.mkdtemp(prefix=f"mcptasks-conformance-{label}-"))
     with _environ(DATABASE_URL=database_url, REDIS_URL=redis_url):
         stack, teardown = make_stack(work)
@@ -53,11 +65,13 @@ def run_suite(label: str, *, node: str, suite: str, database_url: str, redis_url
         web = stack.web(server="granian" if stack.multi_process else "daphne")
         if stack.multi_process:
             stack.worker(concurrency=8)
+        label = f"{revision}, {label}"
         print(f"\n=== conformance ({label}) on {web.url} ===", flush=True)
         baseline = work / "baseline.yml"
         baseline.write_text("server: []\n")
+        args = ["--scenario", scenario] if scenario else SUITE_ARGS[revision]
         run = subprocess.run(
-            [node, suite, "server", "--url", web.url, "--suite", "all", "--expected-failures", str(baseline)],
+            [node, suite, "server", "--url", web.url, *args, "--expected-failures", str(baseline)],
             cwd=work, capture_output=True, text=True, timeout=900,
         )
         print(run.stdout, run.stderr, sep="\n", flush=True)
@@ -74,15 +88,23 @@ def run_suite(label: str, *, node: str, suite: str, database_url: str, redis_url
 
 
 def main(argv: list[str]) -> int:
-    """``python -m tests.support.conformance NODE SUITE``: every run; 0 when all pass."""
-    node, suite = argv
-    ok = run_suite("sqlite", node=node, suite=suite, database_url="", redis_url="")
+    """``python -m tests.support.conformance NODE SUITE [NODE_2026 SUITE_2026]``: every run; 0 when all pass.
+
+    The first suite measures 2025-11-25; the optional second one (0.2.0) the 2026-07-28
+    requirement set. Each runs on SQLite and, when ``DATABASE_URL`` is PostgreSQL, there too.
+    """
+    runs = [("2025-11-25", argv[0], argv[1])]
+    if len(argv) >= 4:
+        runs.append(("2026-07-28", argv[2], argv[3]))
+    ok = True
     database_url = os.environ.get("DATABASE_URL", "")
-    if database_url.startswith(("postgres://", "postgresql://")):
-        ok = run_suite("postgres", node=node, suite=suite, database_url=database_url,
-                       redis_url=os.environ.get("REDIS_URL", "")) and ok
-    else:
-        print("conformance: DATABASE_URL is not PostgreSQL; skipped the PostgreSQL + separate worker run")
+    for revision, node, suite in runs:
+        ok = run_suite("sqlite", node=node, suite=suite, database_url="", redis_url="", revision=revision) and ok
+        if database_url.startswith(("postgres://", "postgresql://")):
+            ok = run_suite("postgres", node=node, suite=suite, database_url=database_url,
+                           redis_url=os.environ.get("REDIS_URL", ""), revision=revision) and ok
+        else:
+            print(f"conformance ({revision}): DATABASE_URL is not PostgreSQL; skipped the PostgreSQL run")
     if ok:
         print("conformance: all runs passed with 0 failures and 0 warnings")
     return 0 if ok else 1

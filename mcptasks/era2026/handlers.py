@@ -1,0 +1,422 @@
+"""The 2026-07-28 method table: stateless requests and the ``io.modelcontextprotocol/tasks`` extension.
+
+Handlers get an :class:`EraContext` (the caller, the validated per-request ``_meta``) and
+validated params, and return the result to send; they never write responses. Methods whose
+behaviour did not change (resources, prompts, completion) call the 2025-11-25 handlers and add
+``resultType`` and the cache hints. Tasks are read and written through the same store,
+services and audit as the 2025-11-25 methods, so a task is one task whichever era looks at it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from pydantic import Field
+
+from tenants.auth import AuthContext
+
+from .. import conf, dbwrites, selectors, services, watch
+from .. import handlers as legacy
+from ..models import Task
+from ..protocol import era2026, versions
+from ..protocol.dispatch import Dispatcher
+from ..protocol.era2026 import (
+    TASKS_EXTENSION,
+    CallToolParams,
+    ListenParams,
+    RequestMeta,
+    TaskIdParams,
+    TasksUpdateParams,
+)
+from ..protocol.errors import (
+    CAPABILITY_MISSING,
+    INTERNAL_ERROR,
+    MISSING_CLIENT_CAPABILITY,
+    RESOURCE_NOT_FOUND,
+    McpError,
+    invalid_params,
+)
+from ..protocol.messages import (
+    CompleteParams,
+    EmptyParams,
+    GetPromptParams,
+    PaginatedParams,
+    ReadResourceParams,
+)
+from ..registry import Registry, ToolInputError, registry
+from ..transport.errors import PASSTHROUGH
+from . import inputs, state, tasks
+
+#: Every revision this endpoint serves: this era first, then the session-based ones.
+SUPPORTED_VERSIONS: tuple[str, ...] = (era2026.VERSION, *versions.SUPPORTED)
+
+#: Cache hints (SEP-2549). The lists are the same for every caller of a deployment but are
+#: served behind authentication, so only the caller's own cache may keep them.
+LIST_TTL_MS = 60_000
+READ_TTL_MS = 0
+CACHE_SCOPE = "private"
+
+INSTRUCTIONS = (
+    "mcptasks hosts tools that can run as durable tasks (extension io.modelcontextprotocol/tasks). "
+    "Declare the extension in your per-request clientCapabilities and the server runs task-capable "
+    "tools as tasks: poll tasks/get at pollIntervalMs and answer inputRequests with tasks/update."
+)
+
+#: How long one plain ``tools/call`` round waits for its run before answering -32603.
+ROUND_WAIT_S = 600.0
+
+
+@dataclass
+class EraContext:
+    """What a 2026-07-28 handler may use about the request."""
+
+    auth: AuthContext
+    meta: RequestMeta
+    request_id: str | int
+    registry: Registry = field(default_factory=lambda: registry)
+
+    def legacy(self) -> legacy.RequestContext:
+        """A 2025-11-25 context for the shared handlers that only read the registry."""
+        async def no_stream(prefix: str) -> str:
+            raise McpError(INTERNAL_ERROR, "Internal error")
+
+        return legacy.RequestContext(
+            auth=self.auth, session=None, protocol_version=era2026.VERSION, request_id=self.request_id,
+            open_stream=no_stream, registry=self.registry,
+        )
+
+
+dispatcher: Dispatcher[EraContext] = Dispatcher(passthrough=PASSTHROUGH)
+
+
+def missing_capability(capabilities: dict[str, Any], what: str) -> McpError:
+    """-32021 naming the capabilities the client must declare (a ClientCapabilities object)."""
+    return McpError(MISSING_CLIENT_CAPABILITY, f"Missing required client capability: {what}",
+                    {"requiredCapabilities": capabilities})
+
+
+TASKS_REQUIRED: dict[str, Any] = {"extensions": {TASKS_EXTENSION: {}}}
+
+
+def server_capabilities() -> dict[str, Any]:
+    """What this era advertises: the core capabilities and the tasks extension (no legacy ``tasks``)."""
+    return {
+        "tools": {"listChanged": False},
+        "resources": {"subscribe": False, "listChanged": False},
+        "prompts": {"listChanged": False},
+        "completions": {},
+        "extensions": {TASKS_EXTENSION: {}},
+    }
+
+
+def server_info() -> dict[str, Any]:
+    """The server's Implementation object."""
+    return {"name": legacy.SERVER_NAME, "title": "mcptasks", "version": legacy.SERVER_VERSION}
+
+
+def _cacheable(result: dict[str, Any], ttl_ms: int) -> dict[str, Any]:
+    return era2026.complete({**result, "ttlMs": ttl_ms, "cacheScope": CACHE_SCOPE})
+
+
+@dispatcher.register("server/discover", EmptyParams)
+async def discover(ctx: EraContext, params: EmptyParams) -> dict[str, Any]:
+    """Supported versions, capabilities and who we are."""
+    return _cacheable({
+        "supportedVersions": list(SUPPORTED_VERSIONS),
+        "capabilities": server_capabilities(),
+        "instructions": INSTRUCTIONS,
+        "_meta": {era2026.META_SERVER_INFO: server_info()},
+    }, LIST_TTL_MS)
+
+
+# --- tools ----------------------------------------------------------------------------------
+
+
+@dispatcher.register("tools/list", PaginatedParams, scope=legacy.TOOLS)
+async def tools_list(ctx: EraContext, params: PaginatedParams) -> dict[str, Any]:
+    """Tools in name order (deterministic), without the legacy ``execution`` member."""
+    tools = [t.definition(with_execution=False) for t in ctx.registry.sorted_tools()]
+    return _cacheable(legacy._list_result("tools", tools, params.cursor, conf.get().TOOLS_PAGE_SIZE), LIST_TTL_MS)
+
+
+#: Tool ``_meta`` flag: gather the tool's first input in plain rounds, then hand over the task.
+GATHER_INPUT_FIRST = "io.mcptasks/gatherInputFirst"
+#: How long a creating call waits for such a tool's first question before answering with the task.
+GATHER_WAIT_S = 5.0
+
+
+def gathers_input_first(meta: dict[str, Any] | None) -> bool:
+    """Whether a tool asked for the MRTR-then-task composition (SEP-2663)."""
+    return bool((meta or {}).get(GATHER_INPUT_FIRST))
+
+
+def creates_task(ctx: EraContext, tool_name: str) -> bool:
+    """The server's decision (SEP-2663): a task for a task-capable tool, if the client can take one."""
+    tool = ctx.registry.get_tool(tool_name)
+    return tool is not None and tool.task_support != "forbidden" and ctx.meta.declares_tasks()
+
+
+@dispatcher.register("tools/call", CallToolParams, scope=legacy.TOOLS)
+async def tools_call(ctx: EraContext, params: CallToolParams) -> dict[str, Any] | PlainRound:
+    """Run a tool: as a task when the server decides so, else as rounds of a plain request."""
+    tool = ctx.registry.get_tool(params.name)
+    if tool is None:
+        raise invalid_params(f"Unknown tool: {params.name}")
+    if params.requestState is not None:
+        return await _next_round(ctx, params)
+    as_task = creates_task(ctx, tool.name)
+    if tool.task_support == "required" and not as_task:
+        raise missing_capability(TASKS_REQUIRED, f"tool {tool.name} runs only as a task ({TASKS_EXTENSION})")
+    try:
+        tool.validate_arguments(params.arguments)
+    except ToolInputError as exc:
+        if as_task:
+            raise invalid_params(str(exc)) from None
+        return era2026.complete({"content": [{"type": "text", "text": str(exc)}], "isError": True})
+    session = await sync_to_async(tasks.open_request_session)(auth=ctx.auth, meta=ctx.meta)
+    if as_task:
+        task = await dbwrites.run(
+            services.create_task,
+            auth=ctx.auth, session=session, tool=tool, arguments=params.arguments or {},
+            request_id=ctx.request_id, progress_token=None, kind=Task.Kind.TASK,
+        )
+        if gathers_input_first(tool.meta):
+            # SEP-2663 composition: the input the tool asks for first is gathered in plain
+            # rounds; the retry that answers it gets the CreateTaskResult.
+            done = await tasks.wait_for_round(task=task, timeout_s=GATHER_WAIT_S)
+            if done is not None and not done.is_terminal:
+                requests = await sync_to_async(tasks.pending_requests)(task=done)
+                if requests:
+                    issued = state.issue(auth=ctx.auth, task_id=task.task_id, tool=tool.name, round_=1, kind="task")
+                    return era2026.input_required(requests, issued)
+            task = done or task
+        # Created and committed: an immediate tasks/get finds it.
+        return {"resultType": era2026.TASK, **tasks.task_object(task)}
+    token = progress_token(params.meta)
+    task = await sync_to_async(tasks.start_plain_run)(
+        auth=ctx.auth, session=session, tool=tool, arguments=params.arguments or {}, request_id=ctx.request_id,
+        progress_token=token,
+    )
+    given = dict(params.inputResponses or {})
+    if token is not None:
+        # The transport streams the run's progress, then this round's outcome (see PlainRound).
+        return PlainRound(ctx=ctx, task=task, tool_name=tool.name, round_=1, given=given)
+    return await _round_outcome(ctx, task, tool_name=tool.name, round_=1, given=given)
+
+
+def progress_token(meta: dict[str, Any] | None) -> str | int | None:
+    """The request's ``_meta.progressToken`` if it is a string or an integer."""
+    token = (meta or {}).get("progressToken")
+    return token if isinstance(token, str | int) and not isinstance(token, bool) else None
+
+
+@dataclass
+class PlainRound:
+    """A round whose answer comes on an SSE response: the run's progress, then :meth:`outcome`."""
+
+    ctx: EraContext
+    task: Task
+    tool_name: str
+    round_: int
+    given: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    async def outcome(self, on_tick: Callable[[], Awaitable[None]]) -> dict[str, Any]:
+        """The round's result (or raise its error), calling ``on_tick`` while it waits."""
+        return await _round_outcome(self.ctx, self.task, tool_name=self.tool_name, round_=self.round_,
+                                    on_tick=on_tick, given=self.given)
+
+
+async def _next_round(ctx: EraContext, params: CallToolParams) -> dict[str, Any]:
+    """A retried call: answer the run's pending requests, then report how it goes on."""
+    assert params.requestState is not None
+    round_state = state.verify(auth=ctx.auth, state=params.requestState, tool=params.name)
+    kind = Task.Kind.TASK if round_state.kind == "task" else Task.Kind.REQUEST
+    task = await sync_to_async(tasks.get_run)(auth=ctx.auth, task_id=round_state.task_id, kind=kind)
+    if params.inputResponses:
+        await sync_to_async(tasks.answer_inputs)(auth=ctx.auth, task=task, responses=params.inputResponses)
+    if kind == Task.Kind.TASK:
+        if await sync_to_async(tasks.pending_count)(task=task):
+            # Still missing answers: ask again (same questions, a fresh state).
+            requests = await sync_to_async(tasks.pending_requests)(task=task)
+            token = state.issue(auth=ctx.auth, task_id=task.task_id, tool=params.name,
+                                round_=round_state.round + 1, kind="task")
+            return era2026.input_required(requests, token)
+        await sync_to_async(task.refresh_from_db)()
+        return {"resultType": era2026.TASK, **tasks.task_object(task)}
+    return await _round_outcome(ctx, task, tool_name=params.name, round_=round_state.round + 1)
+
+
+async def _round_outcome(
+    ctx: EraContext, task: Task, *, tool_name: str, round_: int,
+    on_tick: Callable[[], Awaitable[None]] | None = None, given: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Wait for the run; answers it asks for that the request already carries (``given``, e.g.
+    ``inputResponses`` sent with the first call) are used at once, each key once."""
+    unused = dict(given or {})
+    while True:
+        done = await tasks.wait_for_round(task=task, timeout_s=ROUND_WAIT_S, on_tick=on_tick)
+        if done is None:
+            raise McpError(INTERNAL_ERROR, f"The call did not finish or ask for input within {ROUND_WAIT_S:.0f} s")
+        if done.is_terminal:
+            break
+        requests = await sync_to_async(tasks.pending_requests)(task=done)
+        usable = {k: unused.pop(k) for k in list(requests) if k in unused}
+        if usable:
+            await sync_to_async(tasks.answer_inputs)(auth=ctx.auth, task=done, responses=usable)
+            continue
+        if requests:
+            token = state.issue(auth=ctx.auth, task_id=done.task_id, tool=tool_name, round_=round_)
+            return era2026.input_required(requests, token)
+    if done.error is not None:
+        raise era_error(McpError.from_error(done.error))
+    if done.status == "cancelled":
+        raise McpError(INTERNAL_ERROR, "The call was cancelled")
+    return tasks.call_result(done.result)
+
+
+def era_error(err: McpError) -> McpError:
+    """A stored error as this era words it (the engine's missing-capability code is -32021 here)."""
+    if err.code == CAPABILITY_MISSING:
+        data = err.data if isinstance(err.data, dict) and "requiredCapabilities" in err.data else None
+        return McpError(MISSING_CLIENT_CAPABILITY, err.message, data or {"requiredCapabilities": {}})
+    return err
+
+
+# --- tasks (the extension) --------------------------------------------------------------------
+
+
+def _require_tasks(ctx: EraContext) -> None:
+    if not ctx.meta.declares_tasks():
+        raise missing_capability(TASKS_REQUIRED, TASKS_EXTENSION)
+
+
+async def _lookup(ctx: EraContext, task_id: str, method: str) -> Task:
+    """The caller's task (another tenant's or principal's is the same -32602 as a missing one)."""
+    try:
+        return await sync_to_async(selectors.get_task)(auth=ctx.auth, task_id=task_id)
+    except McpError as exc:
+        await watch.alookup_failed(auth=ctx.auth, method=method, task_id=task_id, error=exc.message)
+        raise
+
+
+@dispatcher.register("tasks/get", TaskIdParams, scope=legacy.TASKS, rate="read")
+async def tasks_get(ctx: EraContext, params: TaskIdParams) -> dict[str, Any]:
+    """The task with its ``inputRequests``, ``result`` or ``error``."""
+    _require_tasks(ctx)
+    task = await _lookup(ctx, params.taskId, "tasks/get")
+    detailed = await sync_to_async(tasks.detailed_task)(task)
+    if "error" in detailed:
+        detailed["error"] = era_error(McpError.from_error(detailed["error"])).to_error()
+    if "result" in detailed:
+        await services.arecord_task_retrieval(auth=ctx.auth, task=task)
+    return detailed
+
+
+@dispatcher.register("tasks/update", TasksUpdateParams, scope=legacy.TASKS)
+async def tasks_update(ctx: EraContext, params: TasksUpdateParams) -> dict[str, Any]:
+    """Answer outstanding input requests by key (unknown or answered keys are ignored)."""
+    _require_tasks(ctx)
+    task = await _lookup(ctx, params.taskId, "tasks/update")
+    if task.principal_id != ctx.auth.principal_id:
+        # A tenant-wide reader may watch a task but never answer its owner's requests.
+        return era2026.complete({})
+    await sync_to_async(tasks.answer_inputs)(auth=ctx.auth, task=task, responses=params.inputResponses)
+    return era2026.complete({})
+
+
+@dispatcher.register("tasks/cancel", TaskIdParams, scope=legacy.TASKS)
+async def tasks_cancel(ctx: EraContext, params: TaskIdParams) -> dict[str, Any]:
+    """Cancel; an already terminal task is acknowledged the same way (idempotent)."""
+    _require_tasks(ctx)
+    task = await _lookup(ctx, params.taskId, "tasks/cancel")
+    if not task.is_terminal:
+        # Ending while we cancel is the idempotent case, not an error.
+        with contextlib.suppress(McpError):
+            await sync_to_async(services.cancel_task)(auth=ctx.auth, task_id=params.taskId)
+    return era2026.complete({})
+
+
+# --- resources, prompts, completion: unchanged but for resultType and cache hints -------------
+
+
+@dispatcher.register("resources/list", PaginatedParams)
+async def resources_list(ctx: EraContext, params: PaginatedParams) -> dict[str, Any]:
+    """Static resources."""
+    return _cacheable(await legacy.resources_list(ctx.legacy(), params), LIST_TTL_MS)
+
+
+@dispatcher.register("resources/templates/list", PaginatedParams)
+async def resource_templates_list(ctx: EraContext, params: PaginatedParams) -> dict[str, Any]:
+    """Resource templates."""
+    return _cacheable(await legacy.resource_templates_list(ctx.legacy(), params), LIST_TTL_MS)
+
+
+@dispatcher.register("resources/read", ReadResourceParams)
+async def resources_read(ctx: EraContext, params: ReadResourceParams) -> dict[str, Any]:
+    """Read a resource; an unknown one is -32602 in this era (SEP-2164; 2025-11-25 used -32002)."""
+    try:
+        return _cacheable(await legacy.resources_read(ctx.legacy(), params), READ_TTL_MS)
+    except McpError as exc:
+        if exc.code == RESOURCE_NOT_FOUND:
+            raise invalid_params("Resource not found", {"uri": params.uri}) from None
+        raise
+
+
+@dispatcher.register("prompts/list", PaginatedParams)
+async def prompts_list(ctx: EraContext, params: PaginatedParams) -> dict[str, Any]:
+    """Prompts in name order."""
+    return _cacheable(await legacy.prompts_list(ctx.legacy(), params), LIST_TTL_MS)
+
+
+class PromptParams(GetPromptParams):
+    """``prompts/get`` with the input round members (SEP-2322)."""
+
+    inputResponses: dict[str, dict[str, Any]] | None = Field(default=None, max_length=era2026.MAX_INPUT_RESPONSES)
+    requestState: str | None = Field(default=None, max_length=4096)
+
+
+@dispatcher.register("prompts/get", PromptParams)
+async def prompts_get(ctx: EraContext, params: PromptParams) -> dict[str, Any]:
+    """Render a prompt; a prompt that needs the client's input answers with input rounds."""
+    subject = "prompt:" + params.name
+    round_ = 1
+    if params.requestState is not None:
+        round_ = state.verify(auth=ctx.auth, state=params.requestState, tool=subject).round + 1
+    token = inputs.provide(params.inputResponses)
+    try:
+        return era2026.complete(await legacy.prompts_get(ctx.legacy(), params))
+    except inputs.NeedsInput as need:
+        # Nothing runs between rounds: the state only binds the retry to this caller and prompt.
+        issued = state.issue(auth=ctx.auth, task_id="", tool=subject, round_=round_)
+        return era2026.input_required(need.requests, issued)
+    finally:
+        inputs.reset(token)
+
+
+@dispatcher.register("completion/complete", CompleteParams)
+async def completion_complete(ctx: EraContext, params: CompleteParams) -> dict[str, Any]:
+    """Argument completion."""
+    return era2026.complete(await legacy.completion_complete(ctx.legacy(), params))
+
+
+# --- admission hints for the transport --------------------------------------------------------
+
+
+def admission(ctx: EraContext, method: str, params: dict[str, Any] | None) -> tuple[str | None, str]:
+    """(scope, rate class) of a request: creating a task needs ``mcp:tasks`` and counts as ``create``."""
+    if (
+        method == "tools/call" and isinstance(params, dict) and isinstance(params.get("name"), str)
+        and params.get("requestState") is None and creates_task(ctx, params["name"])
+    ):
+        return legacy.TASKS, "create"
+    route = dispatcher.route(method)
+    if route is None:
+        return None, "other"
+    return route.scope, route.rate
+
+
+__all__ = ["EraContext", "ListenParams", "dispatcher"]

@@ -1,0 +1,63 @@
+"""FastMCP 4 (``fastmcp-tasks`` 4.0.10, a published client of the tasks extension) against a real daphne.
+
+The client negotiates 2026-07-28 on its own (stateless, per-request ``_meta``), declares
+``io.modelcontextprotocol/tasks``, and ``call_tool`` on a task-capable tool comes back as a
+task: the client polls ``tasks/get``, answers the tool's elicitation from its handler through
+``tasks/update`` and returns the result inlined in the final ``tasks/get``. The driver runs in
+its own virtualenv (tests/e2e/sdk/.fastmcp-venv) because it needs ``mcp`` 2.x.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.client import McpClient
+from tests.support.requirements import skip_or_fail
+from tests.support.servers import Proc
+
+SDK_DIR = Path(__file__).resolve().parent / "sdk"
+VENV = SDK_DIR / ".fastmcp-venv"
+PYTHON = VENV / "bin" / "python"
+REQUIREMENTS = SDK_DIR / "fastmcp-requirements.txt"
+
+
+@pytest.fixture(scope="module")
+def fastmcp_python() -> Path:
+    """The driver's interpreter, with fastmcp-tasks installed (on first use)."""
+    marker = VENV / ".installed"
+    if not (PYTHON.exists() and marker.exists() and marker.read_text() == REQUIREMENTS.read_text()):
+        made = subprocess.run([sys.executable, "-m", "venv", str(VENV)], capture_output=True, text=True, timeout=120)
+        if made.returncode != 0:
+            skip_or_fail(f"cannot create {VENV}: {made.stderr.strip()[-500:]}")
+        proc = subprocess.run(
+            [str(PYTHON), "-m", "pip", "install", "-q", "-r", str(REQUIREMENTS)],
+            capture_output=True, text=True, timeout=600,
+        )
+        if proc.returncode != 0:
+            skip_or_fail(f"pip install of fastmcp-tasks failed (offline?): {proc.stderr.strip()[-500:]}")
+        marker.write_text(REQUIREMENTS.read_text())
+    return PYTHON
+
+
+def test_fastmcp_drives_a_task_with_elicitation(server: Proc, fastmcp_python: Path) -> None:
+    proc = subprocess.run(
+        [str(fastmcp_python), "fastmcp_drive.py", server.url],
+        cwd=SDK_DIR, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, f"driver failed:\n{proc.stderr[-3000:]}\n{server.log_text()[-3000:]}"
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["protocol_version"] == "2026-07-28"
+    # The tool's elicitation reached the client's handler, and its answer reached the tool.
+    assert seen["elicitations"] == ["Delete fastmcp.txt?"]
+    assert seen["transparent_text"] == "Deleted fastmcp.txt"
+    assert seen["explicit_text"] == "Computed fastmcp after 0.2s"
+    # The task FastMCP drove is an ordinary task of the store: a 2025-11-25 session reads it.
+    with McpClient(server.url) as legacy:
+        legacy.initialize()
+        task = legacy.request("tasks/get", {"taskId": seen["task_id"]}).result
+    assert task["status"] == "completed" and task["taskId"] == seen["task_id"]
