@@ -9,7 +9,9 @@
 #   2. when DATABASE_URL is PostgreSQL: a scratch database (dropped afterwards); with REDIS_URL
 #      set, granian (the production server) and a separate mcptasks_worker process, else daphne
 #      with the embedded worker.
-# The suite runs with an expected-failures baseline of "server: []", so any FAILURE *or WARNING*
+# 0.1.16 (2025-11-25) runs on both; 0.2.0-alpha.12 (2026-07-28) on the second when
+# DATABASE_URL is PostgreSQL, else on the first.
+# Each suite runs with an expected-failures baseline of "server: []", so any FAILURE *or WARNING*
 # makes it exit non-zero.
 set -euo pipefail
 

@@ -47,6 +47,12 @@ class AppSettings:
         "web process, each with its own connection, instead of queuing on the one thread every ORM call from "
         "async code shares (`mcptasks/dbwrites.py`). 0: they share that thread.",
     )
+    ERA2026_TASKS_NAME_OPTIONAL: bool = setting(
+        False,
+        "MCP 2026-07-28: accept `tasks/get`, `tasks/update` and `tasks/cancel` without an `Mcp-Name` header (a "
+        "present one must still match the taskId). The published Python client of the tasks extension (`mcp` 2.3 "
+        "under FastMCP 4.0) sends none there. Off: a missing `Mcp-Name` is HTTP 400 / -32020, as SEP-2243 requires.",
+    )
     TASK_RESULT_RECHECK_S: float = setting(
         5.0, "A blocked `tasks/result` wakes on a channel-layer signal. This is the backstop re-check interval."
     )

@@ -27,7 +27,7 @@ from tenants import ratelimit
 from tenants.auth import insufficient_scope
 from tenants.exceptions import QuotaExceeded, RateLimited
 
-from .. import watch
+from .. import conf, watch
 from ..protocol import era2026, jsonrpc, versions
 from ..protocol.era2026 import META_PROTOCOL_VERSION, NAME_SOURCE, RequestMeta
 from ..protocol.errors import (
@@ -55,9 +55,9 @@ logger = logging.getLogger(__name__)
 _STATUS_BY_CODE = {
     HEADER_MISMATCH: 400, MISSING_CLIENT_CAPABILITY: 400, UNSUPPORTED_PROTOCOL_VERSION: 400, METHOD_NOT_FOUND: 404,
 }
-#: Methods whose ``Mcp-Name`` is checked when present but tolerated when absent: the published
-#: Python client of the tasks extension (``mcp`` 2.3 under FastMCP 4.0) sends none on them. A
-#: present value must still match ``params.taskId``.
+#: Methods whose ``Mcp-Name`` may be absent when ``ERA2026_TASKS_NAME_OPTIONAL`` is on (off by
+#: default): the published Python client of the tasks extension (``mcp`` 2.3 under FastMCP 4.0)
+#: sends none on them. A present value must always match ``params.taskId``.
 _NAME_OPTIONAL = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})
 #: Longest header value quoted back in an error message (never the whole client string).
 _QUOTE = 64
@@ -120,7 +120,7 @@ def check_headers(headers: dict[str, str], method: str, params: Any, meta: Reque
     value = params.get(source) if isinstance(params, dict) else None
     sent_name = _ows(headers.get("mcp-name"))
     if sent_name is None:
-        if method in _NAME_OPTIONAL:
+        if method in _NAME_OPTIONAL and conf.get().ERA2026_TASKS_NAME_OPTIONAL:
             return
         raise McpError(HEADER_MISMATCH, "Header mismatch: Mcp-Name header is required for " + method)
     if not isinstance(value, str) or header_value(sent_name) != value:

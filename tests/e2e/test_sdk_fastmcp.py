@@ -12,18 +12,32 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.client import McpClient
 from tests.support.requirements import skip_or_fail
-from tests.support.servers import Proc
+from tests.support.servers import Proc, Stack
 
 SDK_DIR = Path(__file__).resolve().parent / "sdk"
 VENV = SDK_DIR / ".fastmcp-venv"
 PYTHON = VENV / "bin" / "python"
 REQUIREMENTS = SDK_DIR / "fastmcp-requirements.txt"
+
+
+@pytest.fixture(scope="module")
+def server(stack: Stack) -> Iterator[Proc]:
+    """A server that accepts tasks/* without Mcp-Name: the client under test sends none there
+    (``MCPTASKS_ERA2026_TASKS_NAME_OPTIONAL``; off by default, see docs/era2026.md)."""
+    env = {"MCPTASKS_ERA2026_TASKS_NAME_OPTIONAL": "1"}
+    procs = [stack.daphne(extra_env=env)]
+    if stack.multi_process:
+        procs.append(stack.worker(concurrency=8))
+    yield procs[0]
+    for p in procs:
+        p.terminate(timeout=10)
 
 
 @pytest.fixture(scope="module")

@@ -262,9 +262,15 @@ async def test_scopes_apply_as_in_2025() -> None:
     assert status == 403
 
 
-async def test_mcp_name_may_be_absent_on_tasks_methods_but_must_match_when_present() -> None:
+async def test_mcp_name_is_required_on_tasks_methods_unless_the_leniency_is_on(settings: Any) -> None:
+    status, absent = await call("tasks/get", {"taskId": "abc"}, caps=TASKS_CAPS, mcp_name=None)
+    assert status == 400 and absent["error"]["code"] == -32020  # SEP-2243: a missing header
+    settings.MCPTASKS = {**settings.MCPTASKS, "ERA2026_TASKS_NAME_OPTIONAL": True}
     _, absent = await call("tasks/get", {"taskId": "abc"}, caps=TASKS_CAPS, mcp_name=None)
     assert absent["error"]["code"] == -32602  # past the header rules: an unknown task
+    _, create = await call("tools/call", {"name": "demo_progress", "arguments": {"steps": 1}}, caps=TASKS_CAPS,
+                           mcp_name=None)
+    assert create["error"]["code"] == -32020  # only the three tasks methods are lenient
     status, wrong = await call("tasks/get", {"taskId": "abc"}, caps=TASKS_CAPS, mcp_name="other")
     assert status == 400 and wrong["error"]["code"] == -32020
     _, padded = await call("tools/list", {}, mcp_method="  tools/list ")
