@@ -43,9 +43,9 @@ class AppSettings:
     )
     WRITE_THREADS: int = setting(
         4,
-        "PostgreSQL: request-path writes (creating a task or a session, cancelling) run on this many threads per "
-        "web process, each with its own connection, instead of queuing on the one thread every ORM call from "
-        "async code shares (`mcptasks/dbwrites.py`). 0: they share that thread.",
+        "PostgreSQL: request-path writes (creating a task-augmented task or a session, cancelling) run on this "
+        "many threads per web process, each with its own connection, instead of queuing on the one thread every "
+        "ORM call from async code shares (`mcptasks/dbwrites.py`). 0: they share that thread.",
     )
     ERA2026_TASKS_NAME_OPTIONAL: bool = setting(
         False,

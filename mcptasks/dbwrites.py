@@ -9,6 +9,11 @@ transaction of its own, so they run on a small pool of threads instead (``WRITE_
 each thread with its own persistent connection, health-checked before and after each call as
 Channels does.
 
+Only for writes whose caller answers after the commit (a CreateTaskResult, a session id, a
+cancelled task): a plain call's row is created after its stream's priming event is out, and a
+``notifications/cancelled`` sent on seeing that event must find it, so it keeps the shared
+thread's order (see ``handlers.tools_call``).
+
 Not on SQLite (one writer at a time; more connections would only contend for its lock), and
 not when ``WRITE_THREADS`` is 0 (tests that wrap each test in a transaction turn it off, since
 another thread's connection cannot see the test's uncommitted rows).

@@ -211,8 +211,9 @@ async def tools_call(ctx: RequestContext, params: CallToolParams) -> dict[str, A
         return result
     del arguments  # validated; the worker re-validates from the stored raw arguments
     stream_id = await ctx.open_stream("p")
-    task = await dbwrites.run(
-        services.create_task,
+    # On the shared database thread, not a write thread: the priming event is out before the row
+    # commits, and a notifications/cancelled sent on seeing it (that thread too) must find the row.
+    task = await sync_to_async(services.create_task)(
         auth=ctx.auth,
         session=session,
         tool=tool,
