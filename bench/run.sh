@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
 export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379/0}"
+# wrk (Debian's package) drives the load.
+command -v wrk >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -q wrk >/dev/null \
+    || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q wrk >/dev/null; }
 # The other ASGI servers measured (daphne comes with the project).
 .venv/bin/python -c "import granian, uvicorn" 2>/dev/null \
     || .venv/bin/python -m pip install -q "granian>=2,<3" "uvicorn[standard]>=0.30"

@@ -219,6 +219,9 @@ def main() -> None:
         # each round measures every server once, so slow drift on this shared machine (other
         # processes, PostgreSQL's own work) touches peers and mcptasks alike; medians of the rounds.
         targets: list[tuple[str, str, dict[str, str], str | None, str | None]] = []
+        only = [x.strip() for x in os.environ.get("BENCH_SERVERS", "").split(",") if x.strip()]
+        if only:  # a quick partial run: only the servers whose label starts with one of these
+            servers = [srv for srv in servers if srv[0].startswith(tuple(only))]
         for label, args, env, url, auth in servers:
             log = work / f"{label.split()[0]}-{len(procs)}.log"
             proc = _spawn(args, env, log)
@@ -251,8 +254,11 @@ def main() -> None:
                 env = {**wrk_env, "BENCH_BODY": json.dumps(body)}
                 if not with_session:
                     env["BENCH_SID"] = ""
-                others.append((label, method, _wrk(url, connections=50, seconds=seconds, env=env, script=script)))
-                print(f"measured {label} {method} at 50 connections: {others[-1][2]}", flush=True)
+                # Task creation at 1, 10 and 50 clients (benchmark (b)); the others at 50.
+                for connections in ((1, 10, 50) if method.startswith("tools/call") else (50,)):
+                    got = _wrk(url, connections=connections, seconds=seconds, env=env, script=script)
+                    others.append((label, f"{method} [{connections}]", got))
+                    print(f"measured {label} {method} at {connections} connections: {got}", flush=True)
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -269,7 +275,7 @@ def main() -> None:
 
     def ceiling(label: str, c: int) -> float:
         server = label.split("(")[1] if "(" in label else ""
-        return bare.get((server, c), bare[("daphne)", c)])
+        return bare.get((server, c), bare.get(("daphne)", c), float("nan")))
 
     print(f"\ntasks/get: the median of {ROUNDS} rounds of {seconds:g} s (each round's req/s under 'rounds')")
     print("| server | connections | tasks/get req/s | rounds | p50 ms | p99 ms | non-2xx | socket errors "
@@ -277,10 +283,11 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for label, c, r in results:
         each = ", ".join(f"{x:.0f}" for x in per_round[(label, c)])
+        best = peer.get(c, float("nan"))
         print(f"| {label} | {c} | {r['rps']:.0f} | {each} | {r['p50']:.2f} | {r['p99']:.2f} | {r['non2xx']:.0f} | "
-              f"{r['sockerr']:.0f} | {r['rps'] / peer[c]:.2f}x | {r['rps'] / ceiling(label, c):.2f}x |")
+              f"{r['sockerr']:.0f} | {r['rps'] / best:.2f}x | {r['rps'] / ceiling(label, c):.2f}x |")
     print()
-    print("| server | request (50 connections) | req/s | p50 ms | p99 ms | non-2xx | socket errors |")
+    print("| server | request [connections] | req/s | p50 ms | p99 ms | non-2xx | socket errors |")
     print("|---|---|---|---|---|---|---|")
     for label, method, r in others:
         print(f"| {label} | {method} | {r['rps']:.0f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['non2xx']:.0f} | "
