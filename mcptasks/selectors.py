@@ -65,8 +65,11 @@ def _task_queryset(*, auth: AuthContext) -> Any:
 def _task_where(*, auth: AuthContext, **extra: Any) -> tuple[list[str], list[Any]]:
     """:func:`_task_scope` and ``extra`` (field=value) as SQL conditions and parameters (fastreads)."""
     conditions = {**_task_scope(auth=auth), **extra}
-    columns = {f.attname: f.column for f in Task._meta.concrete_fields}
-    return [f'"{columns[name]}" = %s' for name in conditions], list(conditions.values())
+    return [f'"{_TASK_COLUMNS[name]}" = %s' for name in conditions], list(conditions.values())
+
+
+#: Task column names by field attname (built once: _task_where runs on every tasks/get).
+_TASK_COLUMNS = {f.attname: f.column for f in Task._meta.concrete_fields}
 
 
 def get_task(*, auth: AuthContext, task_id: str, now: dt.datetime | None = None) -> Task:
