@@ -32,6 +32,9 @@ os.environ.setdefault("SECRET_KEY", "bench-" + secrets.token_hex(16))
 os.environ.setdefault("DEBUG", "0")
 os.environ.setdefault("ALLOWED_HOSTS", "127.0.0.1,localhost")
 os.environ.setdefault("MCPTASKS_EMBEDDED_WORKER", "0")
+# The benchmark calls demo_sleep (off by default) from one tenant, far past the default quota.
+os.environ.setdefault("MCPTASKS_DEMO_TOOLS", "1")
+os.environ.setdefault("MCPTASKS_TASK_MAX_CONCURRENT", "0")
 os.environ.setdefault("MCPTASKS_CHANNEL_PREFIX", "inproc" + secrets.token_hex(3))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mcptasks.settings")
 

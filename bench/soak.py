@@ -3,7 +3,13 @@
 Usage (PostgreSQL and Redis as in CI; default 600 s)::
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/0 \\
-        .venv/bin/python bench/soak.py [seconds]
+        .venv/bin/python bench/soak.py [seconds] [--warmup S] [--sample S] [--tracemalloc]
+
+Memory: the resident memory of every process is sampled every ``--sample`` seconds (default 60)
+and printed as a curve; the growth after ``--warmup`` seconds (default 600, or a third of a
+shorter run) is what the memory target is about. ``--tracemalloc`` starts the web processes with
+tracing on (``bench/memtrace``), takes a heap snapshot of each at the end of the warm-up and at
+the end, and prints the allocation sites that grew most in between.
 
 Client threads, spread over both web processes, run in a loop: create a task and wait for its
 result through ``tasks/result``; create and poll with ``tasks/get``; create and cancel; answer an
@@ -15,6 +21,7 @@ process at start and end, error counts and latency percentiles per operation.
 from __future__ import annotations
 
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -129,14 +136,58 @@ def scenario(name: str, web: list[Proc], stats: Stats, stop: float, worker_no: i
     client.close()
 
 
+def _option(name: str, default: float) -> float:
+    if name in sys.argv:
+        return float(sys.argv[sys.argv.index(name) + 1])
+    return default
+
+
+def _snapshot(proc: Proc, folder: Path, timeout: float = 120.0) -> Path | None:
+    """Ask ``proc`` (started with bench/memtrace) for a tracemalloc snapshot; its path, or None."""
+    before = set(folder.glob(f"{proc.popen.pid}-*.snap"))
+    proc.popen.send_signal(signal.SIGUSR2)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        new = set(folder.glob(f"{proc.popen.pid}-*.snap")) - before
+        if new:
+            return new.pop()
+        time.sleep(0.5)
+    return None
+
+
+def _growth(first: Path, last: Path, top: int = 15) -> list[str]:
+    """The allocation sites that grew most between two snapshots (project and library frames)."""
+    import tracemalloc
+
+    noise = [tracemalloc.Filter(False, "<frozen importlib._bootstrap>"),
+             tracemalloc.Filter(False, tracemalloc.__file__)]
+    a = tracemalloc.Snapshot.load(str(first)).filter_traces(noise)
+    b = tracemalloc.Snapshot.load(str(last)).filter_traces(noise)
+    lines = [str(stat) for stat in b.compare_to(a, "lineno")[:top]]
+    for stat in b.compare_to(a, "traceback")[:5]:  # where the largest ones come from
+        lines.append(f"{stat.size_diff / 1024:.0f} KiB in {stat.count_diff} blocks from:")
+        lines.extend("    " + line for line in stat.traceback.format(limit=8, most_recent_first=True))
+    return lines
+
+
 def main() -> None:
-    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 600.0
+    seconds = float(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1][0].isdigit() else 600.0
+    warmup = _option("--warmup", min(600.0, seconds / 3))
+    sample = _option("--sample", 60.0)
+    traced = "--tracemalloc" in sys.argv
     if not os.environ.get("DATABASE_URL", "").startswith("postgres") or not os.environ.get("REDIS_URL"):
         sys.exit("set DATABASE_URL (PostgreSQL) and REDIS_URL")
     stack, teardown = make_stack(Path(tempfile.mkdtemp(prefix="soak-")))
     try:
-        settings = {"MCPTASKS_ALLOW_ANONYMOUS": "1"}
-        web = [stack.daphne(embedded_worker=False, extra_env=settings) for _ in range(2)]
+        # Production settings: with DEBUG on, Django keeps the last 9,000 queries of every
+        # connection (nothing resets them on the MCP endpoint), which reads as a leak.
+        settings = {"MCPTASKS_ALLOW_ANONYMOUS": "1", "MCPTASKS_DEMO_TOOLS": "1", "DEBUG": "0"}
+        snaps = Path(tempfile.mkdtemp(prefix="soak-snaps-"))
+        web_env = dict(settings)
+        if traced:
+            web_env |= {"SOAK_SNAPSHOT_DIR": str(snaps),
+                        "PYTHONPATH": str(Path(__file__).resolve().parent / "memtrace")}
+        web = [stack.daphne(embedded_worker=False, extra_env=web_env) for _ in range(2)]
         workers = [stack.worker(concurrency=16, extra_env=settings) for _ in range(2)]
         procs = {f"web{i + 1}": p for i, p in enumerate(web)} | {f"worker{i + 1}": p for i, p in enumerate(workers)}
         McpClient(web[0].url).initialize()  # warm up
@@ -149,8 +200,23 @@ def main() -> None:
         t0 = time.monotonic()
         for t in threads:
             t.start()
+        curve: list[tuple[float, dict[str, int]]] = [(0.0, start_rss)]
+        first_snaps: dict[str, Path | None] = {}
+        while any(t.is_alive() for t in threads) and time.monotonic() - t0 < seconds + 120:
+            next_sample = t0 + len(curve) * sample
+            time.sleep(max(0.0, min(next_sample, stop) - time.monotonic()) or 0.5)
+            now = time.monotonic() - t0
+            if traced and not first_snaps and now >= warmup:
+                first_snaps = {f"web{i + 1}": _snapshot(p, snaps) for i, p in enumerate(web)}
+            if time.monotonic() >= next_sample and now <= seconds:
+                curve.append((now, {k: rss_kb(p.popen.pid) for k, p in procs.items()}))
+                print(f"[{now / 60:5.1f} min] " + ", ".join(f"{k} {v / 1024:.1f} MB" for k, v in curve[-1][1].items()),
+                      flush=True)
+            if time.monotonic() >= stop:
+                break
+        last_snaps = {f"web{i + 1}": _snapshot(p, snaps) for i, p in enumerate(web)} if traced else {}
         for t in threads:
-            t.join(seconds + 120)
+            t.join(max(1.0, seconds + 120 - (time.monotonic() - t0)))
         elapsed = time.monotonic() - t0
         end_rss = {k: rss_kb(p.popen.pid) for k, p in procs.items()}
         alive = {k: p.alive for k, p in procs.items()}
@@ -168,6 +234,23 @@ def main() -> None:
                   f"{statistics.median(xs) * 1000:.1f} | {p99 * 1000:.1f} | {xs[-1] * 1000:.1f} |")
         for op, example in stats.examples.items():
             print(f"first {op} error: {example}")
+        print(f"\nmemory curve (MB, every {sample:.0f} s):")
+        print("| minute | " + " | ".join(procs) + " |")
+        print("|---" * (len(procs) + 1) + "|")
+        for at, rss in curve:
+            print(f"| {at / 60:.1f} | " + " | ".join(f"{rss[k] / 1024:.1f}" for k in procs) + " |")
+        after = [(at, rss) for at, rss in curve if at >= warmup]
+        if len(after) >= 2:
+            growth = {k: (after[-1][1][k] - after[0][1][k]) / 1024 for k in procs}
+            span = (after[-1][0] - after[0][0]) / 60
+            print(f"growth after the {warmup / 60:.0f}-minute warm-up, over {span:.0f} minutes: "
+                  + ", ".join(f"{k} {g:+.1f} MB" for k, g in growth.items()))
+        for name, first in first_snaps.items():
+            last = last_snaps.get(name)
+            if first and last:
+                print(f"\ntracemalloc, {name}: allocation sites that grew most after the warm-up")
+                for line in _growth(first, last):
+                    print("  " + line)
         tracebacks = {k: p.log_text().count("Traceback") for k, p in procs.items()}
         print(f"\ntracebacks in process logs: {tracebacks}")
     finally:

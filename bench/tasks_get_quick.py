@@ -38,7 +38,7 @@ def main() -> None:
     env = {**os.environ, "DATABASE_URL": urlunparse(urlparse(admin)._replace(path="/" + name)),
            "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/5"), "DEBUG": "1",
            "MCPTASKS_ALLOW_ANONYMOUS": "1", "MCPTASKS_CHANNEL_PREFIX": name, "MCPTASKS_CONN_MAX_AGE": conn_max_age,
-           "MCPTASKS_EMBEDDED_WORKER": "1"}
+           "MCPTASKS_EMBEDDED_WORKER": "1", "MCPTASKS_DEMO_TOOLS": "1", "MCPTASKS_TASK_MAX_CONCURRENT": "0"}
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=REPO, env=env, check=True)
     port = free_port()
     daphne = subprocess.Popen([sys.executable, "-m", "daphne", "-p", str(port), "mcptasks.asgi:application"],

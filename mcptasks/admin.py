@@ -13,9 +13,18 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
-from django.http import HttpRequest, StreamingHttpResponse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+    JsonResponse,
+    StreamingHttpResponse,
+)
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
@@ -23,9 +32,15 @@ from django.utils.html import format_html
 from tenants import roles
 from tenants.admin import TENANT_FILTER, ScopedAuditedAdmin
 
-from . import selectors, services
-from .models import LIVE, AuditAnchor, AuditEvent, McpSession, Task, WorkerHeartbeat
+from . import dbconfig, operators, selectors, services, taskpage, webhooks
+from .models import LIVE, AuditAnchor, AuditEvent, McpSession, Task, WebhookDelivery, WorkerHeartbeat
 from .protocol.errors import McpError
+
+# The admin is the service's operator console; "View site" leads to the landing page.
+admin.site.site_header = "mcptasks console"
+admin.site.site_title = "mcptasks console"
+admin.site.index_title = "Tenants, tasks and audit"
+admin.site.site_url = "/"
 
 
 class ReadOnlyAdmin(ScopedAuditedAdmin):
@@ -63,8 +78,8 @@ class StatusLiveFilter(admin.SimpleListFilter):
 
 @admin.register(Task)
 class TaskAdmin(ReadOnlyAdmin):
-    list_display = ("task_id", "tenant", "principal", "tool_name", "status", "attempt", "worker_id",
-                    "created_at", "finished_at")
+    list_display = ("task_id", "tenant", "principal", "tool_name", "status", "message", "duration", "attempt",
+                    "worker_id", "created_at")
     list_filter = (StatusLiveFilter, "status", TENANT_FILTER, "tool_name", "kind", "created_at")
     # Task id (exact or prefix), the principal's human name or its identifier, the tool.
     search_fields = ("=task_id", "^task_id", "principal__name", "principal__identifier", "tool_name")
@@ -78,7 +93,102 @@ class TaskAdmin(ReadOnlyAdmin):
     readonly_fields = ("task_id", "kind", "tenant", "principal", "tool_name", "status", "status_message",
                        "attempt", "max_attempts", "worker_id", "created_at", "last_updated_at", "finished_at",
                        "expires_at", "ttl_ms", "poll_interval_ms")
-    exclude = ("params", "result", "error", "session")
+    exclude = ("params", "result", "error", "session", "progress")
+    # The task page: arguments, progress, result or error, input requests, durations, cancel and a
+    # live refresh (templates/admin/mcptasks/task/change_form.html).
+    change_form_template = "admin/mcptasks/task/change_form.html"
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        """The worker column as an opaque label for tenant-scoped operators (see :mod:`.operators`)."""
+        return _hide_worker(request, super().get_list_display(request))
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        """As :meth:`get_list_display`, on the task page."""
+        return _hide_worker(request, super().get_readonly_fields(request, obj))
+
+    def get_exclude(self, request: HttpRequest, obj: Any = None) -> Any:
+        """The raw worker id is no form field of a tenant-scoped operator's task page either."""
+        exclude = tuple(super().get_exclude(request, obj) or ())
+        if roles.visible_tenant_ids(request.user) is None:
+            return exclude
+        return (*exclude, "worker_id")
+
+    @admin.display(description="worker")
+    def worker(self, obj: Task) -> str:
+        """An opaque label of the worker (its id names its host and pid)."""
+        return operators.worker_label(obj.worker_id, all_tenants=False) or "-"
+
+    @admin.display(description="status message")
+    def message(self, obj: Task) -> str:
+        """The status message, shortened for the list."""
+        text = obj.status_message or ""
+        return text if len(text) <= 60 else text[:60] + "…"
+
+    @admin.display(description="duration")
+    def duration(self, obj: Task) -> str:
+        """Created to finished (or to now while it runs)."""
+        return _seconds(taskpage.durations(obj, now=timezone.now())["total"])
+
+    def get_urls(self) -> list[Any]:
+        """The task page's live JSON, its cancel button and its downloads, beside the admin's URLs."""
+        view = self.admin_site.admin_view
+        return [
+            path("<path:object_id>/live.json", view(self.live_view), name="mcptasks_task_live"),
+            path("<path:object_id>/cancel/", view(self.cancel_view), name="mcptasks_task_cancel"),
+            path("<path:object_id>/download/<str:part>.json", view(self.download_view),
+                 name="mcptasks_task_download"),
+            *super().get_urls(),
+        ]
+
+    def _visible_task(self, request: HttpRequest, object_id: str) -> Task:
+        """The task if the operator may view it, else 404 (another tenant's task looks missing)."""
+        obj = self.get_object(request, object_id) if self.has_view_permission(request) else None
+        if obj is None:
+            raise Http404
+        return obj
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> Any:
+        """The task page (see :mod:`.taskpage`), scoped like the list."""
+        obj = self._visible_task(request, object_id)
+        all_tenants = roles.visible_tenant_ids(request.user) is None
+        managed = roles.managed_tenant_ids(request.user)
+        context = {
+            **(extra_context or {}),
+            "task_page": taskpage.page(obj, all_tenants=all_tenants, now=timezone.now()),
+            "live": taskpage.live(obj, all_tenants=all_tenants, now=timezone.now()),
+            "can_cancel": (self.has_cancel_permission(request) and not obj.is_terminal
+                           and (managed is None or obj.tenant_id in managed)),
+        }
+        return super().change_view(request, object_id, form_url, extra_context=context)
+
+    def live_view(self, request: HttpRequest, object_id: str) -> JsonResponse:
+        """What changes while the task runs, as JSON for the page's refresh (scoped like the page)."""
+        obj = self._visible_task(request, object_id)
+        all_tenants = roles.visible_tenant_ids(request.user) is None
+        response = JsonResponse(taskpage.live(obj, all_tenants=all_tenants, now=timezone.now()))
+        response["Cache-Control"] = "no-store"
+        return response
+
+    def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST: cancel this task through :meth:`cancel_tasks` (the audited admin action)."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        obj = self._visible_task(request, object_id)
+        if not self.has_cancel_permission(request):
+            raise PermissionDenied
+        self.cancel_tasks(request, self.get_queryset(request).filter(pk=obj.pk))
+        return HttpResponseRedirect(reverse("admin:mcptasks_task_change", args=[obj.pk]))
+
+    def download_view(self, request: HttpRequest, object_id: str, part: str) -> HttpResponse:
+        """The whole arguments, result or error as a JSON file (the page shows them capped)."""
+        obj = self._visible_task(request, object_id)
+        if part not in taskpage.PARTS:
+            raise Http404
+        response = HttpResponse(taskpage.full_json(obj, part), content_type="application/json")
+        response["Content-Disposition"] = f'attachment; filename="{obj.task_id}-{part}.json"'
+        response["X-Content-Type-Options"] = "nosniff"
+        return response
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         """The ``cancel_task`` permission (superusers, tenant admins)."""
@@ -102,6 +212,17 @@ class TaskAdmin(ReadOnlyAdmin):
             self.message_user(request, f"Cancelled {done} task(s).", messages.SUCCESS)
         for line in refused[:20]:
             self.message_user(request, line, messages.WARNING)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
+
+
+def _hide_worker(request: HttpRequest, fields: Any) -> Any:
+    """``fields`` with ``worker_id`` replaced by ``worker`` unless the operator sees every tenant."""
+    if roles.visible_tenant_ids(request.user) is None:
+        return fields
+    return type(fields)("worker" if f == "worker_id" else f for f in fields)
 
 
 @admin.register(McpSession)
@@ -160,9 +281,8 @@ class FlaggedFilter(admin.SimpleListFilter):
         return queryset
 
 
-#: Columns of the CSV export (and of the audit API's CSV).
-AUDIT_CSV_FIELDS = ("id", "created_at", "tenant", "principal", "action", "task_id", "data", "chain", "chain_seq",
-                    "hash")
+#: Columns of the CSV export before the event's ``data.<key>`` columns (one per key, see :mod:`.operators`).
+AUDIT_CSV_FIELDS = ("id", "created_at", "tenant", "principal", "action", "task_id", "chain", "chain_seq", "hash")
 
 
 class _Echo:
@@ -216,11 +336,15 @@ class AuditEventAdmin(ReadOnlyAdmin):
         changelist = self.get_changelist_instance(request)
         rows = changelist.get_queryset(request).select_related("tenant", "principal").order_by("-id")
         writer = csv.writer(_Echo())
+        keys, other = operators.json_keys(rows, "data")
 
         def lines() -> Iterator[str]:
-            yield writer.writerow(AUDIT_CSV_FIELDS)
-            for ev in rows.iterator(chunk_size=2000):
-                yield writer.writerow(audit_csv_row(ev))
+            yield writer.writerow(operators.csv_row([*AUDIT_CSV_FIELDS, *operators.flat_header("data", keys,
+                                                                                              other=other)]))
+            # Keyset pages, not a server-side cursor (bounded memory, pooler-safe).
+            for ev in dbconfig.newest_first_pages(rows):
+                cells = audit_csv_row(ev) + operators.flat_object(ev.data, keys, other=other)
+                yield writer.writerow(operators.csv_row(cells))
 
         response = StreamingHttpResponse(lines(), content_type="text/csv")
         response["Content-Disposition"] = 'attachment; filename="audit-events.csv"'
@@ -228,11 +352,9 @@ class AuditEventAdmin(ReadOnlyAdmin):
 
 
 def audit_csv_row(ev: AuditEvent) -> list[Any]:
-    """One event as CSV cells (principal by name)."""
-    import json
-
+    """One event's :data:`AUDIT_CSV_FIELDS` as CSV cells (principal by name)."""
     return [ev.id, ev.created_at.isoformat(), ev.tenant.slug if ev.tenant else "", str(ev.principal or ""),
-            ev.action, ev.task_id, json.dumps(ev.data, sort_keys=True), ev.chain, ev.chain_seq, ev.hash]
+            ev.action, ev.task_id, ev.chain, ev.chain_seq, ev.hash]
 
 
 @admin.register(AuditAnchor)
@@ -244,3 +366,33 @@ class AuditAnchorAdmin(ReadOnlyAdmin):
     list_filter = ("kind",)
     ordering = ("-id",)
 
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(ReadOnlyAdmin):
+    """Deliveries per endpoint: state, attempts, last error, next attempt; redeliver (audited)."""
+
+    list_display = ("event", "task_id", "endpoint", "state", "attempts", "last_status_code", "last_error",
+                    "next_attempt_at", "created_at", "delivered_at")
+    list_filter = ("state", TENANT_FILTER, "event")
+    search_fields = ("=task_id", "=msg_id")
+    search_help_text = "Task id or webhook-id"
+    list_select_related = ("endpoint", "tenant")
+    ordering = ("-id",)
+    actions = ["redeliver"]
+    # The payload may hold a tool's result: on the delivery's page only, never in the list.
+    readonly_fields = ("msg_id", "endpoint", "tenant", "task_id", "event", "state", "attempts", "created_at",
+                       "next_attempt_at", "lease_expires_at", "last_status_code", "last_error", "response_excerpt",
+                       "delivered_at", "payload")
+    exclude = ("worker_id",)
+
+    def has_redeliver_permission(self, request: HttpRequest) -> bool:
+        """The ``redeliver_webhookdelivery`` permission (superusers, tenant admins)."""
+        return bool(request.user.has_perm("mcptasks.redeliver_webhookdelivery"))
+
+    @admin.action(description="Redeliver selected (same webhook-id, audited)", permissions=["redeliver"])
+    def redeliver(self, request: HttpRequest, queryset: QuerySet[WebhookDelivery]) -> None:
+        """Queue the selected deliveries of tenants the operator manages again, now."""
+        managed = roles.managed_tenant_ids(request.user)
+        rows = [d for d in queryset if managed is None or d.tenant_id in managed]
+        n = webhooks.redeliver(deliveries=rows, operator=request.user)
+        self.message_user(request, f"Queued {n} delivery(ies) again.", messages.SUCCESS)

@@ -25,9 +25,28 @@ class McpTasksConfig(AppConfig):
         from django.contrib.admin.models import LogEntry
 
         post_save.connect(_audit_other_admin_change, sender=LogEntry, dispatch_uid="mcptasks.audit_log_entry")
+        from django.db.backends.signals import connection_created
+
+        from .metrics import track_db_connection
+
+        connection_created.connect(track_db_connection, dispatch_uid="mcptasks.track_db_connection")
 
         # Tools, resources and prompts live in each installed app's tools.py, like admin.py.
         autodiscover_modules("tools")
+
+        # Traces, when OTEL_TRACES_EXPORTER asks for them: before any connection or middleware
+        # exists, in every process role (web, worker, serve).
+        from .observability import setup_tracing
+
+        setup_tracing(_process_role())
+
+
+def _process_role() -> str:
+    """What this process is, for the traces' ``mcptasks.role`` resource attribute."""
+    import sys
+
+    command = sys.argv[1] if len(sys.argv) > 1 and sys.argv[0].endswith("manage.py") else ""
+    return {"mcptasks_worker": "worker", "serve": "serve"}.get(command, "manage" if command else "web")
 
 
 def _audit_security_event(*, action: str, tenant_id: int | None, data: dict[str, Any], **_: Any) -> None:
@@ -39,8 +58,10 @@ def _audit_security_event(*, action: str, tenant_id: int | None, data: dict[str,
 
 #: This app's permissions for the operator groups of tenants/roles.py.
 GROUP_PERMISSIONS: dict[str, tuple[str, ...]] = {
-    AUDITOR_GROUP: ("view_task", "view_auditevent", "view_auditanchor", "view_mcpsession", "view_workerheartbeat"),
-    TENANT_ADMIN_GROUP: ("view_task", "cancel_task", "view_auditevent", "view_mcpsession", "view_workerheartbeat"),
+    AUDITOR_GROUP: ("view_task", "view_auditevent", "view_auditanchor", "view_mcpsession", "view_workerheartbeat",
+                    "view_webhookdelivery"),
+    TENANT_ADMIN_GROUP: ("view_task", "cancel_task", "view_auditevent", "view_mcpsession", "view_workerheartbeat",
+                         "view_webhookdelivery", "redeliver_webhookdelivery"),
 }
 
 

@@ -24,7 +24,7 @@ import datetime as dt
 import hashlib
 import hmac
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -176,6 +176,15 @@ def seal(*, limit: int = 5000) -> int:
         return len(pending)
 
 
+def housekeep() -> int:
+    """The periodic pass of every process: write the suppressed-refusal counts of ended throttle
+    windows (:func:`mcptasks.watch.flush_suppressed`), then :func:`seal`. Returns the events sealed."""
+    from . import watch
+
+    watch.flush_suppressed()
+    return seal()
+
+
 def _write_seals(events: list[AuditEvent]) -> None:
     """Store the seal columns of ``events``: one parameterised UPDATE, executed for every row.
 
@@ -265,8 +274,7 @@ def verify(*, chain: int, external_anchors: Iterable[dict[str, Any]] = (), unsea
     expected, prev = (prunes[-1].seq + 1, prunes[-1].head) if prunes else (1, "")
     anchored = {a.seq for a in anchors} | {int(x["seq"]) for x in ext}
     by_seq: dict[int, str] = {}  # hashes at anchored positions only (memory stays bounded)
-    rows = AuditEvent.objects.filter(chain=chain, chain_seq__isnull=False).order_by("chain_seq").iterator(2000)
-    for ev in rows:
+    for ev in _sealed_events(chain):
         report.checked += 1
         seq = int(ev.chain_seq or 0)
         if seq < expected:
@@ -345,3 +353,22 @@ def prune(*, older_than: dt.timedelta) -> int:
             AuditAnchor.objects.filter(chain=chain, seq=seq, kind=AuditAnchor.Kind.HEAD).delete()
             deleted += n
     return deleted
+
+
+def _sealed_events(chain: int, batch: int = 2000) -> Iterator[AuditEvent]:
+    """The sealed events of ``chain`` in sequence order, ``batch`` rows per query.
+
+    Keyset pages (``chain_seq > last``), not a server-side cursor: memory stays bounded, and
+    each page is one statement, so it works behind a transaction pooler (a ``WITH HOLD``
+    cursor lives on one server connection, and the pooler may send the next FETCH elsewhere).
+    """
+    last = None
+    while True:
+        page = AuditEvent.objects.filter(chain=chain, chain_seq__isnull=False)
+        if last is not None:
+            page = page.filter(chain_seq__gt=last)
+        rows = list(page.order_by("chain_seq")[:batch])
+        yield from rows
+        if len(rows) < batch:
+            return
+        last = rows[-1].chain_seq

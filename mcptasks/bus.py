@@ -170,7 +170,13 @@ def _append(*, session_id: str, stream_id: str, data: str) -> StreamEvent:
         )
         cursor.last_seq += 1
         cursor.save(update_fields=["last_seq", "updated_at"])
-        return StreamEvent.objects.create(session_id=session_id, stream_id=stream_id, seq=cursor.last_seq, data=data)
+        event = StreamEvent.objects.create(session_id=session_id, stream_id=stream_id, seq=cursor.last_seq, data=data)
+        cap = conf.get().STREAM_MAX_EVENTS
+        if cap > 0 and cursor.last_seq > cap:
+            # Keep the newest ``cap`` events (one indexed DELETE, under the stream's row lock):
+            # however much a tool sends, its stream never holds more.
+            StreamEvent.objects.filter(stream_id=stream_id, seq__lte=cursor.last_seq - cap).delete()
+        return event
 
 
 def publish(*, session_id: str, stream_id: str, message: dict[str, Any]) -> str:

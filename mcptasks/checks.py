@@ -12,6 +12,10 @@ from tenants import conf as tenant_conf
 from . import conf
 from .hardening import DEV_SECRET_PREFIX
 
+#: Upper bounds of the per-process pools (connection budgets, docs/operations.md).
+MAX_REDIS_POOL = 500
+MAX_DB_THREADS = 64
+
 
 @register(Tags.security, deploy=True)
 def check_secret_key(app_configs: Any, **kwargs: Any) -> list[Any]:
@@ -41,6 +45,42 @@ def check_audit_key(app_configs: Any, **kwargs: Any) -> list[Any]:
                 hint="Set MCPTASKS_AUDIT_KEY to a long random value kept apart from SECRET_KEY and backups; "
                 "the audit chains' HMACs are keyed with it.",
                 id="mcptasks.W002",
+            )
+        ]
+    return []
+
+
+@register(Tags.security, deploy=True)
+def check_metrics_token(app_configs: Any, **kwargs: Any) -> list[Any]:
+    """Outside DEBUG ``/metrics`` answers only with its token (a reverse proxy on the same host
+    makes every request look like loopback), so production must set one."""
+    if not settings.DEBUG and not conf.get().METRICS_TOKEN:
+        return [
+            Warning(
+                "MCPTASKS_METRICS_TOKEN is not set while DEBUG is off: GET /metrics refuses every request.",
+                hint="Set MCPTASKS_METRICS_TOKEN to a long random value and give it to the Prometheus scraper "
+                "(Authorization: Bearer <token>).",
+                id="mcptasks.W005",
+            )
+        ]
+    return []
+
+
+@register(Tags.security)
+def check_demo_tools(app_configs: Any, **kwargs: Any) -> list[Any]:
+    """mcptasks.W006: the demo tools are installed while DEBUG is off.
+
+    Anyone allowed to call tools could make them sleep (holding worker slots), fail and report
+    progress: they are for trying the server out (``manage.py serve``), not for production.
+    """
+    from django.apps import apps
+
+    if not settings.DEBUG and apps.is_installed("mcptasks.demo"):
+        return [
+            Warning(
+                "The demo tools are installed (MCPTASKS_DEMO_TOOLS=1) while DEBUG is off.",
+                hint="Unset MCPTASKS_DEMO_TOOLS in production: any caller may run demo_sleep and demo_progress.",
+                id="mcptasks.W006",
             )
         ]
     return []
@@ -76,11 +116,18 @@ def check_app_settings(app_configs: Any, **kwargs: Any) -> list[Any]:
                 id="mcptasks.E004",
             )
         )
-    if s.REDIS_LAYER_POOL_SIZE < 2:
-        problems.append(Error("MCPTASKS_REDIS_LAYER_POOL_SIZE must be at least 2.", id="mcptasks.E005"))
+    if not 2 <= s.REDIS_LAYER_POOL_SIZE <= MAX_REDIS_POOL:
+        problems.append(Error(f"MCPTASKS_REDIS_LAYER_POOL_SIZE must be between 2 and {MAX_REDIS_POOL}.",
+                              hint="It is per event loop and per process: see the budget in docs/operations.md.",
+                              id="mcptasks.E005"))
+    for name, low in (("SYNC_THREADS", 1), ("WRITE_THREADS", 0)):
+        if not low <= getattr(s, name) <= MAX_DB_THREADS:
+            problems.append(Error(f"MCPTASKS_{name} must be between {low} and {MAX_DB_THREADS}.",
+                                  hint="Each thread holds a PostgreSQL connection: see the budget in "
+                                  "docs/operations.md.", id="mcptasks.E006"))
     engine = str(settings.DATABASES["default"]["ENGINE"])
     layer = str(settings.CHANNEL_LAYERS["default"]["BACKEND"])
-    if engine.endswith("postgresql") and layer.endswith("InMemoryChannelLayer"):
+    if "postgresql" in engine and layer.endswith("InMemoryChannelLayer"):
         problems.append(
             Warning(
                 "PostgreSQL is configured but the channel layer is in-memory.",

@@ -10,7 +10,9 @@ protected resource.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from tenants.typed_settings import Loader, setting
 
@@ -26,6 +28,25 @@ class AppSettings:
     SESSION_IDLE_TIMEOUT_S: int = setting(
         24 * 3600, "Sessions idle this long (and ended sessions after it) are deleted by cleanup."
     )
+    SESSION_INIT_TIMEOUT_S: int = setting(
+        300, "Sessions that never sent `notifications/initialized` are deleted by cleanup after this long."
+    )
+    MAX_SESSIONS_PER_PRINCIPAL: int = setting(
+        1000,
+        "Live sessions (not ended, not idle, not an expired uninitialized one) one principal may hold. "
+        "`initialize` past it gets -32010 \"Too many sessions\". 0: no limit.",
+    )
+    MAX_STREAMS_PER_PRINCIPAL: int = setting(
+        200,
+        "Open GET (SSE) streams and 2026-07-28 `subscriptions/listen` streams one principal may hold on one web "
+        "process (a reconnect of a stream it holds is always allowed). Past it: HTTP 429 \"Too many open "
+        "streams\" with `Retry-After`. 0: no limit.",
+    )
+    CLIENT_METADATA_MAX_BYTES: int = setting(
+        8192,
+        "Largest `clientInfo`, and largest client capabilities (as compact JSON), stored for a session or a "
+        "2026-07-28 request. Larger ones get -32602.",
+    )
     SSE_RETRY_MS: int = setting(1000, "`retry:` hint sent in priming events and before the server closes a connection.")
     SSE_KEEPALIVE_S: float = setting(15.0, "Keep-alive comment interval on idle SSE streams.")
     SSE_MAX_STREAM_S: float = setting(
@@ -34,6 +55,17 @@ class AppSettings:
         "The client resumes with `Last-Event-ID` and loses nothing.",
     )
     SSE_RETENTION_S: int = setting(600, "How long SSE events are kept for replay.")
+    STREAM_MAX_EVENTS: int = setting(
+        1000,
+        "Stored events per SSE stream: past it, the oldest are deleted as new ones are appended (a client resuming "
+        "from further back misses them, as after `SSE_RETENTION_S`), so no tool can fill the database. `0`: no cap.",
+    )
+    PROGRESS_MAX_PER_S: float = setting(
+        10.0,
+        "Most `notifications/progress` one run sends per second (after a burst of as many). Faster reports are "
+        "coalesced: only the latest is kept and sent when the rate allows (a run's last report goes out before its "
+        "outcome). `0`: no limit.",
+    )
     TOOLS_PAGE_SIZE: int = setting(50, "`tools/list` page size.")
     TASK_LIST_PAGE_SIZE: int = setting(50, "`tasks/list` page size.")
     ASYNC_READS: bool = setting(
@@ -47,11 +79,47 @@ class AppSettings:
         "many threads per web process, each with its own connection, instead of queuing on the one thread every "
         "ORM call from async code shares (`mcptasks/dbwrites.py`). 0: they share that thread.",
     )
+    WRITE_QUEUE_TIMEOUT_S: float = setting(
+        10.0,
+        "PostgreSQL: a request-path write that waits longer than this for a free write thread fails with 503 "
+        "(`Retry-After`) instead of hanging behind writes blocked on a lock.",
+    )
+    DB_POOLER: str = setting(
+        "none",
+        "`transaction`: the database URL points at a transaction-mode pooler (PgBouncer `pool_mode = transaction`): "
+        "no named prepared statements, no server-side cursors, no session state; the timeouts below are set per "
+        "transaction (`SET LOCAL`). `none`: a direct PostgreSQL connection (or a session-mode pooler). "
+        "See [operations](operations.md#behind-pgbouncer).",
+    )
+    DB_LOCK_TIMEOUT_MS: int = setting(
+        10_000, "PostgreSQL `lock_timeout`: a statement waiting longer for a lock fails (503, retryable). 0: none."
+    )
+    DB_STATEMENT_TIMEOUT_MS: int = setting(
+        120_000, "PostgreSQL `statement_timeout` of the service's connections. 0: none (set 0 for `migrate`)."
+    )
+    DB_IDLE_IN_TRANSACTION_TIMEOUT_MS: int = setting(
+        60_000,
+        "PostgreSQL `idle_in_transaction_session_timeout`: a connection idle inside a transaction this long (a "
+        "frozen or vanished client) is closed by the server, releasing its locks. 0: none.",
+    )
+    DB_KEEPALIVES_IDLE_S: int = setting(
+        30,
+        "TCP keepalives on database connections (libpq `keepalives_idle`; probes every 10 s, 3 lost probes "
+        "close it): a peer gone without FIN/RST is noticed in about this plus 30 s. 0: the OS defaults.",
+    )
+    SYNC_THREADS: int = setting(
+        8,
+        "PostgreSQL: threads of each process's default executor, where ORM calls from async code that do not "
+        "share the request thread run (readiness, cleanup, audit sealing, issuer lookups); each holds its own "
+        "connection. Bounded (1-64) so a process's connections are too; see docs/operations.md.",
+    )
     ERA2026_TASKS_NAME_OPTIONAL: bool = setting(
         False,
         "MCP 2026-07-28: accept `tasks/get`, `tasks/update` and `tasks/cancel` without an `Mcp-Name` header (a "
         "present one must still match the taskId). The published Python client of the tasks extension (`mcp` 2.3 "
-        "under FastMCP 4.0) sends none there. Off: a missing `Mcp-Name` is HTTP 400 / -32020, as SEP-2243 requires.",
+        "under FastMCP 4.0) sends none there. Off: a missing `Mcp-Name` is HTTP 400 / -32020, as SEP-2243 requires. "
+        "`manage.py serve` (development) turns it on unless the variable is set, and says so.",
+        shown="`0` (`1` under `serve`)",
     )
     TASK_RESULT_RECHECK_S: float = setting(
         5.0, "A blocked `tasks/result` wakes on a channel-layer signal. This is the backstop re-check interval."
@@ -70,9 +138,17 @@ class AppSettings:
     )
     AUDIT_REFUSAL_EVERY_S: float = setting(
         10.0,
-        "Refusals (authentication failures, 429s, quota and scope refusals, failed lookups) are audited at most "
-        "once per this many seconds per kind and principal (or client IP) and process; the next event carries "
-        "how many were not written (`suppressed`).",
+        "Refusals (authentication failures, 429s, quota and scope refusals, failed and cross-tenant lookups) are "
+        "audited at most once per window of this many seconds per kind and subject (principal, client IP or IPv6 "
+        "/64, owner tenant), across processes; the rest are counted and written as one `audit.suppressed` event "
+        "per tenant and kind when the window ends.",
+    )
+    AUDIT_REFUSAL_BUDGET: int = setting(
+        20, "Refusal events of one kind written per `MCPTASKS_AUDIT_REFUSAL_EVERY_S` window in all, whatever the "
+        "number of subjects (across processes); the rest are counted in `audit.suppressed`.",
+    )
+    DASHBOARD_REFRESH_S: float = setting(
+        30.0, "How often an open operator dashboard page refetches its figures (as JSON), in seconds (at least 1)."
     )
     WATCH_WINDOW_S: int = setting(60, "Window of the suspicious-pattern counters.")
     WATCH_LOOKUP_FAILURES: int = setting(
@@ -88,6 +164,12 @@ class AppSettings:
     CLEANUP_BATCH_SIZE: int = setting(500, "Rows deleted per cleanup transaction.")
     EMBEDDED_WORKER: bool = setting(False, "Run the worker inside the web process.", shown="`0` (`1` under `serve`)")
     WORKER_CONCURRENCY: int = setting(8, "Tools a worker runs at once.")
+    WORKER_TENANT_RESERVED_SLOTS: int = setting(
+        1,
+        "Slots of each worker that one tenant can never fill: a tenant runs at most `concurrency` minus this many "
+        "tools at once in one worker (at least 1), so another tenant's task starts at once however many long "
+        "tasks one tenant queues (runs waiting for their client do not count). `0`: one tenant may use every slot.",
+    )
     WORKER_LEASE_S: float = setting(30.0, "Lease length. A task whose lease lapses is reclaimed.")
     WORKER_HEARTBEAT_S: float = setting(
         5.0, "Lease renewal and cancel-flag read interval. Must be shorter than the lease."
@@ -95,6 +177,11 @@ class AppSettings:
     WORKER_POLL_S: float = setting(2.0, "Backstop claim polling when no wake-up arrives.")
     WORKER_SHUTDOWN_GRACE_S: float = setting(
         20.0, "On SIGTERM, running tools get this long before they are handed back."
+    )
+    TOOL_DEFAULT_TIMEOUT_S: float = setting(
+        3600.0,
+        "Time limit of a run of a tool that declares no `timeout_s`: past it the run is stopped and its task fails "
+        '("Tool <name> timed out after <n>s"), so no tool holds a worker slot forever. `0`: no limit.',
     )
     TASK_MAX_ATTEMPTS: int = setting(3, "Attempts of a retryable tool after worker crashes.")
     RESULT_MAX_BYTES: int = setting(
@@ -119,9 +206,33 @@ class AppSettings:
         1.0,
         "After a channel-layer failure, open streams re-read the database and try to rejoin their groups this often.",
     )
+    WEBHOOK_RETRY_PERIOD_S: float = setting(
+        24 * 3600.0,
+        "How long a webhook delivery is retried (exponential backoff with jitter) before it is given up; an "
+        "endpoint with no successful delivery for this long is disabled (audited, logged).",
+    )
+    WEBHOOK_BACKOFF_BASE_S: float = setting(
+        5.0, "First retry delay of a failed webhook delivery; doubled per attempt (full jitter)."
+    )
+    WEBHOOK_BACKOFF_MAX_S: float = setting(3600.0, "Longest delay between two attempts of one webhook delivery.")
+    WEBHOOK_TIMEOUT_S: float = setting(10.0, "Longest time one webhook request may take (connect, send, answer).")
+    WEBHOOK_LEASE_S: float = setting(
+        60.0,
+        "A worker's claim on a webhook delivery; a delivery whose worker died is retried once it lapses "
+        "(at least once: receivers deduplicate by `webhook-id`).",
+    )
+    WEBHOOK_POLL_S: float = setting(1.0, "How often a worker looks for due webhook deliveries.")
+    WEBHOOK_CONCURRENCY_PER_ENDPOINT: int = setting(
+        4, "Webhook requests in flight to one endpoint at once, across all workers."
+    )
+    WEBHOOK_RETENTION_S: int = setting(
+        7 * 86400, "Delivered and given-up webhook deliveries older than this are deleted by cleanup."
+    )
+    WEBHOOK_WORKER_THREADS: int = setting(8, "Webhook requests one worker sends at once (all endpoints).")
     METRICS_TOKEN: str = setting(
         "",
-        "Bearer token `GET /metrics` requires. Unset: `/metrics` answers only requests from loopback.",
+        "Bearer token `GET /metrics` requires. Unset: `/metrics` answers only in `DEBUG`, and only requests from "
+        "a loopback client (check `mcptasks.W005` warns outside `DEBUG`).",
         shown="unset",
     )
 
@@ -194,7 +305,13 @@ class DeploymentSettings:
         shown="`127.0.0.1,localhost,[::1],testserver`",
     )
     ACCESS_TOKEN_EXPIRE_S: int = setting(3600, "Lifetime of tokens from the built-in authorization server.")
-    DEMO_TOOLS: bool = setting(True, "Install the demo tools, resources and prompts.")
+    DEMO_TOOLS: bool = setting(
+        False,
+        "Install the demo tools, resources and prompts (for trying the server out: anyone who may call tools can "
+        "make them sleep, fail and flood progress). `manage.py serve` turns them on; system check `mcptasks.W006` "
+        "warns when they are on while `DEBUG` is off.",
+        shown="`0` (`1` under `serve`)",
+    )
     CONFORMANCE_FIXTURES: bool = setting(False, "Install the conformance-suite fixtures.")
     EXTRA_APPS: tuple[str, ...] = setting((), "More Django apps (comma-separated) whose `tools.py` to load.")
     CHANNEL_PREFIX: str = setting(
@@ -205,3 +322,71 @@ class DeploymentSettings:
         "", "Tests on SQLite: the test database file (instead of an in-memory database).", shown="unset"
     )
     LOG_LEVEL: str = setting("INFO", "Root log level. Tokens are never logged.", env="LOG_LEVEL")
+    LOG_FORMAT: str = setting(
+        "plain",
+        "`plain` (one text line per record) or `json`: one JSON object per line with `ts`, `level`, `logger`, "
+        "`message` and the `request_id`, `tenant`, `task_id` and `trace_id` in scope (null where none), messages "
+        "clipped to 2000 characters and credentials redacted. See [operations](operations.md#traces-and-logs).",
+    )
+    # --- TLS and cookies (see operations.md, "Running behind a TLS proxy") ---
+    SESSION_COOKIE_SECURE: bool = setting(
+        True, "Send the session cookie over HTTPS only.", env="SESSION_COOKIE_SECURE", shown="`1` (`0` with `DEBUG`)"
+    )
+    CSRF_COOKIE_SECURE: bool = setting(
+        True, "Send the CSRF cookie over HTTPS only.", env="CSRF_COOKIE_SECURE", shown="`1` (`0` with `DEBUG`)"
+    )
+    SESSION_COOKIE_AGE: int = setting(
+        8 * 3600, "Seconds an operator's (admin, console, sign-in) session lasts.", env="SESSION_COOKIE_AGE"
+    )
+    SECURE_HSTS_SECONDS: int = setting(
+        31_536_000,
+        "`Strict-Transport-Security` max-age sent on HTTPS responses (0: none).",
+        env="SECURE_HSTS_SECONDS",
+        shown="`31536000` (`0` with `DEBUG`)",
+    )
+    SECURE_HSTS_INCLUDE_SUBDOMAINS: bool = setting(
+        False, "Add `includeSubDomains` to HSTS (only if every subdomain is HTTPS).",
+        env="SECURE_HSTS_INCLUDE_SUBDOMAINS",
+    )
+    SECURE_HSTS_PRELOAD: bool = setting(
+        False, "Add `preload` to HSTS (before submitting the domain to browsers' preload lists).",
+        env="SECURE_HSTS_PRELOAD",
+    )
+    SECURE_SSL_REDIRECT: bool = setting(
+        False,
+        "Redirect plain-HTTP requests to HTTPS (`/healthz`, `/readyz`, `/metrics` exempt, for internal probes). "
+        "Behind a TLS proxy it needs `SECURE_PROXY_SSL_HEADER`, or every request loops.",
+        env="SECURE_SSL_REDIRECT",
+    )
+    SECURE_PROXY_SSL_HEADER: str = setting(
+        "",
+        "Header by which the TLS-terminating proxy says the client used HTTPS (e.g. `X-Forwarded-Proto`, value "
+        "`https`). Set it only if the proxy always sets (never passes on) that header.",
+        env="SECURE_PROXY_SSL_HEADER",
+        shown="unset",
+    )
+    CSRF_TRUSTED_ORIGINS: tuple[str, ...] = setting(
+        (),
+        "Origins (e.g. `https://mcp.example.com`) whose form POSTs are accepted besides the request's own "
+        "(comma-separated). The origin of `MCPTASKS_PUBLIC_URL` is always added.",
+        env="CSRF_TRUSTED_ORIGINS",
+    )
+    OAUTH_HTTP_REDIRECTS: bool = setting(
+        True,
+        "Allow plain-http redirect URIs for applications of the built-in AS (native clients' loopback callbacks, "
+        "RFC 8252). Off: https only (check `oauth2_provider.W008` otherwise warns under `check --deploy`).",
+    )
+
+
+#: Deployment settings whose default is relaxed with ``DEBUG`` on (plain-HTTP development), unless
+#: set explicitly: secure by default everywhere else.
+DEBUG_DEFAULTS: dict[str, Any] = {"SESSION_COOKIE_SECURE": False, "CSRF_COOKIE_SECURE": False, "SECURE_HSTS_SECONDS": 0}
+
+
+def deployment(explicit: dict[str, Any]) -> DeploymentSettings:
+    """The deployment settings from the variables that are set (``read_env``), with the
+    :data:`DEBUG_DEFAULTS` applied to those not set when ``DEBUG`` is on."""
+    settings = DeploymentSettings(**explicit)
+    if settings.DEBUG:
+        settings = dataclasses.replace(settings, **{k: v for k, v in DEBUG_DEFAULTS.items() if k not in explicit})
+    return settings

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from tenants import roles
 
-from . import selectors
+from . import conf, selectors
 from .models import LIVE, AuditEvent, Task, TaskStatus
 
 WINDOW = dt.timedelta(hours=24)
@@ -45,10 +45,16 @@ class Dashboard:
     live_tasks: int
     flagged: list[AuditEvent] = field(default_factory=list)
 
+    def refusal_totals(self) -> list[dict[str, Any]]:
+        """Per refusal series: its label, the audit actions it counts and its 24-hour total."""
+        return [{"label": label, "kinds": " ".join(REFUSAL_SERIES.get(label, ())), "total": sum(counts)}
+                for label, counts in self.refusals.items()]
+
     def chart_data(self) -> dict[str, Any]:
         """The JSON the page's charts read."""
         return {"hours": self.hours, "tasksByStatus": self.tasks_by_status, "refusals": self.refusals,
-                "durations": self.durations}
+                "durations": self.durations, "workersAlive": self.workers_alive, "queueDepth": self.queue_depth,
+                "liveTasks": self.live_tasks}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -68,6 +74,51 @@ def durations_per_tool(tasks: Any, *, since: dt.datetime) -> dict[str, list[floa
     return dict(per_tool)
 
 
+def _hour(value: dt.datetime) -> dt.datetime:
+    return value.replace(minute=0, second=0, microsecond=0)
+
+
+def refusal_counts(*, tenant_ids: frozenset[int] | None, hours: list[dt.datetime],
+                   start: dt.datetime) -> dict[str, list[int]]:
+    """Refusals per series and hour: every one, written or not.
+
+    Refusals are audited throttled (:mod:`mcptasks.watch`): a written event counts one, an
+    ``audit.suppressed`` event counts the refusals of its kind not written in its window (in the
+    hour the window began), and counts not yet written (their window is running, or the flusher
+    has not run yet) are read from the throttle's counters, so the figures match ``/metrics``.
+    """
+    from . import watch
+
+    index = {h: i for i, h in enumerate(hours)}
+    refusals: dict[str, list[int]] = {label: [0] * len(hours) for label in REFUSAL_SERIES}
+    label_of = {action: label for label, actions in REFUSAL_SERIES.items() for action in actions}
+    events = roles.scope_queryset(AuditEvent.objects.all(), tenant_ids).filter(
+        created_at__gte=start - dt.timedelta(hours=1), action__in=[*label_of, watch.SUPPRESSED_ACTION])
+    for ev in events.only("created_at", "action", "data").iterator(chunk_size=2000):
+        data = ev.data if isinstance(ev.data, dict) else {}
+        if ev.action == watch.SUPPRESSED_ACTION:
+            label, count = label_of.get(str(data.get("kind"))), data.get("count")
+            try:
+                at = dt.datetime.fromisoformat(str(data.get("window_start")))
+            except ValueError:
+                at = ev.created_at
+        else:
+            # Events written before suppressed counts had events of their own carried them.
+            legacy = data.get("suppressed", 0)
+            label, count, at = label_of[ev.action], 1 + (legacy if isinstance(legacy, int) else 0), ev.created_at
+        i = index.get(_hour(at))
+        if label is not None and i is not None and isinstance(count, int):
+            refusals[label][i] += count
+    every_s = conf.get().AUDIT_REFUSAL_EVERY_S
+    for (window, tenant, kind), count in watch.throttle.pending().items():
+        label = label_of.get(kind)
+        visible = tenant_ids is None or tenant in tenant_ids
+        i = index.get(_hour(dt.datetime.fromtimestamp(window * every_s, tz=dt.UTC)))
+        if label is not None and visible and i is not None:
+            refusals[label][i] += count
+    return refusals
+
+
 def build(*, tenant_ids: frozenset[int] | None, now: dt.datetime | None = None) -> Dashboard:
     """The dashboard of ``tenant_ids`` (None: every tenant)."""
     now = now or timezone.now()
@@ -84,16 +135,7 @@ def build(*, tenant_ids: frozenset[int] | None, now: dt.datetime | None = None) 
         if i is not None and row["status"] in by_status:
             by_status[row["status"]][i] += row["n"]
 
-    refusals: dict[str, list[int]] = {label: [0] * len(hours) for label in REFUSAL_SERIES}
-    label_of = {action: label for label, actions in REFUSAL_SERIES.items() for action in actions}
-    events = roles.scope_queryset(AuditEvent.objects.all(), tenant_ids).filter(
-        created_at__gte=start, action__in=list(label_of))
-    for ev in events.only("created_at", "action", "data").iterator(chunk_size=2000):
-        i = index.get(ev.created_at.replace(minute=0, second=0, microsecond=0))
-        if i is not None:
-            # Refusals are audited throttled: each event also stands for the ones it suppressed.
-            suppressed = (ev.data or {}).get("suppressed", 0)
-            refusals[label_of[ev.action]][i] += 1 + (suppressed if isinstance(suppressed, int) else 0)
+    refusals = refusal_counts(tenant_ids=tenant_ids, hours=hours, start=start)
 
     per_tool = durations_per_tool(tasks, since=now - WINDOW)
     durations = [

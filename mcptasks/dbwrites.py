@@ -14,6 +14,12 @@ cancelled task): a plain call's row is created after its stream's priming event 
 ``notifications/cancelled`` sent on seeing that event must find it, so it keeps the shared
 thread's order (see ``handlers.tools_call``).
 
+A write waits for a free thread at most ``WRITE_QUEUE_TIMEOUT_S``: past it, it is dropped
+before it starts and the caller answers 503 with ``Retry-After`` (:class:`WriteQueueTimeout`).
+Threads held by writes stuck on a lock (up to ``DB_LOCK_TIMEOUT_MS``) must not freeze every
+other tenant's writes behind them. A write that has started runs to its end (bounded by the
+database timeouts), so its outcome is never unknown.
+
 Not on SQLite (one writer at a time; more connections would only contend for its lock), and
 not when ``WRITE_THREADS`` is 0 (tests that wrap each test in a transaction turn it off, since
 another thread's connection cannot see the test's uncommitted rows).
@@ -21,6 +27,8 @@ another thread's connection cannot see the test's uncommitted rows).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,10 +36,20 @@ from typing import Any, TypeVar
 
 from channels.db import DatabaseSyncToAsync, database_sync_to_async
 from django.conf import settings
+from django.db import OperationalError
 
 from . import conf
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
+
+
+class WriteQueueTimeout(OperationalError):
+    """No write thread was free within ``WRITE_QUEUE_TIMEOUT_S``; the write was not made.
+
+    An ``OperationalError``: the transport answers it like a database outage (503, retry).
+    """
 
 _lock = threading.Lock()
 _pool: tuple[int, ThreadPoolExecutor] | None = None
@@ -48,9 +66,34 @@ def _executor() -> ThreadPoolExecutor | None:
         return _pool[1]
 
 
+def write_pool() -> ThreadPoolExecutor | None:
+    """The write threads (None when writes share the database thread): ``/readyz`` probes through them."""
+    return _executor()
+
+
 async def run(fn: Callable[..., T], /, **kwargs: Any) -> T:
     """``fn(**kwargs)`` on a write thread (or the shared database thread, see the module)."""
     executor = _executor()
     if executor is None:
         return await database_sync_to_async(fn)(**kwargs)
-    return await DatabaseSyncToAsync(fn, thread_sensitive=False, executor=executor)(**kwargs)
+    lock = threading.Lock()
+    state = {"started": False, "dropped": False}
+
+    def guarded(**kw: Any) -> T:
+        with lock:
+            if state["dropped"]:
+                raise WriteQueueTimeout("no write thread was free in time")
+            state["started"] = True
+        return fn(**kw)
+
+    call = asyncio.ensure_future(DatabaseSyncToAsync(guarded, thread_sensitive=False, executor=executor)(**kwargs))
+    done, _ = await asyncio.wait({call}, timeout=conf.get().WRITE_QUEUE_TIMEOUT_S)
+    if not done:
+        with lock:
+            state["dropped"] = not state["started"]
+        if state["dropped"]:
+            # Still queued: it will be skipped when its turn comes (its exception is consumed).
+            call.add_done_callback(lambda f: f.cancelled() or f.exception())
+            logger.warning("write dropped: no write thread free for %.1f s", conf.get().WRITE_QUEUE_TIMEOUT_S)
+            raise WriteQueueTimeout("no write thread was free in time")
+    return await call

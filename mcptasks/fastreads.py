@@ -58,7 +58,9 @@ def available() -> bool:
     )
 
 
-_POSTGRESQL_ENGINES = frozenset({"django.db.backends.postgresql", "django.db.backends.postgresql_psycopg2"})
+_POSTGRESQL_ENGINES = frozenset(
+    {"django.db.backends.postgresql", "django.db.backends.postgresql_psycopg2", "mcptasks.pooled_postgresql"}
+)
 
 
 def _conninfo() -> dict[str, Any]:
@@ -72,8 +74,26 @@ def _conninfo() -> dict[str, Any]:
         if key not in {"pool", "isolation_level", "server_side_binding", "assume_role", "cursor_factory",
                        "prepare_threshold", "context"}:
             params[key] = value
-    params["options"] = (str(params.get("options", "")) + " -c TimeZone=UTC").strip()
+    # No session state (a transaction pooler would refuse a ``TimeZone`` startup option or leak
+    # a SET to other clients): timestamps are read as UTC by the connection's own loader.
+    if conf.get().DB_POOLER == "transaction":
+        # No automatic prepared statements either: see :func:`_read`.
+        params["prepare_threshold"] = None
     return params
+
+
+def _utc_timestamptz_loader() -> type[Any]:
+    """A ``timestamptz`` loader giving UTC datetimes whatever the session's ``TimeZone``."""
+    import datetime as dt
+
+    from psycopg.types.datetime import TimestamptzLoader
+
+    class UtcTimestamptzLoader(TimestamptzLoader):
+        def __init__(self, oid: int, context: Any = None) -> None:
+            super().__init__(oid, context)
+            self._timezone = dt.UTC
+
+    return UtcTimestamptzLoader
 
 
 async def _connection() -> Any:
@@ -88,6 +108,7 @@ async def _connection() -> Any:
         conn = _conns.get(loop)
         if conn is None or conn.closed or conn.broken:
             conn = await psycopg.AsyncConnection.connect(**_conninfo(), connect_timeout=5)
+            conn.adapters.register_loader("timestamptz", _utc_timestamptz_loader())
             _conns[loop] = conn
     return conn
 
@@ -147,7 +168,11 @@ async def _read(sql: str, params: Sequence[Any], *, all_rows: bool | None) -> An
         from psycopg import AsyncRawCursor
 
         cur = AsyncRawCursor(conn)
-        await cur.execute(_numbered(sql), list(params), prepare=True)
+        # Prepared once per connection for speed, unless a transaction pooler sits in between:
+        # a named statement lives on one server connection, and the pooler may send the next
+        # execution to another, where the name is missing or another client's statement.
+        prepare = conf.get().DB_POOLER != "transaction"
+        await cur.execute(_numbered(sql), list(params), prepare=prepare)
         if all_rows is None:
             return None
         return await (cur.fetchall() if all_rows else cur.fetchone())
@@ -185,7 +210,7 @@ async def fetch_pair(
 class _PairBatches:
     """The pair reads of one shape, batched: ``n`` reads become one ``UNION ALL`` of ``n``
     copies of the pair statement, each tagged with its position (statement text cached per
-    ``n``, so each size is prepared once per connection)."""
+    ``n``, so each size is prepared once per connection where statements are prepared)."""
 
     def __init__(self, sql_a: str, sql_b: str) -> None:
         # Each side is at most one row; FULL JOIN ON TRUE keeps whichever exists.

@@ -16,7 +16,7 @@ from django.core import signing
 
 from tenants.auth import AuthContext
 
-from . import conf, dbwrites, selectors, services, watch
+from . import conf, dbwrites, idempotency, observability, selectors, services, watch
 from .models import McpSession, Task
 from .protocol import versions
 from .protocol.dispatch import Dispatcher
@@ -204,6 +204,10 @@ async def tools_call(ctx: RequestContext, params: CallToolParams) -> dict[str, A
             progress_token=params.progress_token,
             kind=Task.Kind.TASK,
             requested_ttl_ms=params.task.ttl,
+            # A retry (same key, or same session and request id) gets the first attempt's task.
+            idempotency_key=idempotency.from_request(
+                meta=params.meta, session_id=session.pk, request_id=ctx.request_id
+            ),
         )
         result: dict[str, Any] = {"task": task.wire()}
         if tool.immediate_response:
@@ -252,6 +256,11 @@ async def tasks_get(ctx: RequestContext, params: TaskIdParams) -> dict[str, Any]
 async def tasks_result(ctx: RequestContext, params: TaskIdParams) -> dict[str, Any] | StreamReply:
     """The outcome of a terminal task now; otherwise stream until it is terminal."""
     task = await _lookup(ctx, params.taskId, "tasks/result")
+    if observability.TRACING:
+        # Marks the retrieval in the task's own trace (linked to this request's).
+        with observability.task_span(task, "mcptasks.task.result", link_current=True,
+                                     **{"mcptasks.status": task.status, "mcptasks.tenant": ctx.auth.tenant_slug}):
+            pass
     if task.is_terminal:
         await services.arecord_task_retrieval(auth=ctx.auth, task=task)
         result, error = services.task_result_payload(task=task)

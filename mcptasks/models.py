@@ -14,7 +14,7 @@ from typing import Any
 
 from django.db import connection, models, transaction
 from django.db.models import Case, F, OuterRef, Q, Subquery, Value, When, Window
-from django.db.models.functions import RowNumber
+from django.db.models.functions import Coalesce, RowNumber
 from django.utils import timezone
 
 from .protocol.messages import TERMINAL_STATUSES, sources_for
@@ -129,12 +129,17 @@ class TaskQuerySet(models.QuerySet["Task"]):
         )
 
     def claim(self, *, worker_id: str, limit: int, now: dt.datetime, lease_until: dt.datetime,
-              exclude: Iterable[str] = (), limited: dict[str, int] | None = None) -> list[Task]:
+              exclude: Iterable[str] = (), limited: dict[str, int] | None = None,
+              tenant_running: dict[int, int] | None = None, tenant_cap: int | None = None) -> list[Task]:
         """Take up to ``limit`` claimable tasks for ``worker_id`` in one short transaction.
 
         Fair across tenants: the oldest claimable task of every tenant comes first, then each
-        tenant's second, and so on (ranked without locks; the rows are then locked with ``SKIP
-        LOCKED`` and re-checked in that order). ``limited`` maps tools with ``max_concurrency``
+        tenant's second, and so on, a tenant with runs in this worker (``tenant_running``:
+        tenant id -> runs) that many turns later (ranked without locks; the rows are then
+        locked with ``SKIP LOCKED`` and re-checked in that order). With ``tenant_cap`` a tenant
+        ends up with at most that many runs in this worker: tenants at the cap are not even
+        ranked, so their backlog never hides another tenant's work. The counts are the
+        worker's own, so the cap needs no coordination between workers. ``limited`` maps tools with ``max_concurrency``
         to their limit: their free slots are counted under a per-tool advisory lock on
         PostgreSQL. The claimed rows carry the next attempt number, the worker and the lease,
         plus ``client_caps``, ``tenant_slug`` and ``principal_ident`` for the tool's context.
@@ -149,11 +154,19 @@ class TaskQuerySet(models.QuerySet["Task"]):
             capacity = runnable._capacity(limited or {}, now=now, on_pg=on_pg)
             full = [name for name, free in capacity.items() if free <= 0]
             base = runnable.exclude(tool_name__in=full) if full else runnable
-            fair = list(
+            held = dict(tenant_running or {})
+            if tenant_cap is not None:
+                capped = [tenant for tenant, n in held.items() if n >= tenant_cap]
+                if capped:
+                    base = base.exclude(tenant_id__in=capped)
+            ranked = list(
                 base.annotate(turn=Window(RowNumber(), partition_by=[F("tenant_id")], order_by=F("seq").asc()))
                 .order_by("turn", "seq")
-                .values_list("pk", flat=True)[: limit * 4]
+                .values_list("pk", "tenant_id", "turn")[: limit * 4]
             )
+            # Tenants with the fewest runs here first: a tenant already running n tools waits n turns.
+            ranked.sort(key=lambda row: (row[2] + held.get(row[1], 0), row[0]))
+            fair = [pk for pk, _tenant, _turn in ranked]
             position = {pk: i for i, pk in enumerate(fair)}
             caps = McpSession.objects.filter(pk=OuterRef("session_id")).values("client_capabilities")[:1]
             qs = base.filter(pk__in=fair).order_by("seq").annotate(
@@ -165,16 +178,20 @@ class TaskQuerySet(models.QuerySet["Task"]):
             for task in sorted(qs, key=lambda t: position[t.pk]):
                 if len(claimed) >= limit:
                     break
+                if tenant_cap is not None and held.get(task.tenant_id, 0) >= tenant_cap:
+                    continue
                 if task.tool_name in capacity:
                     if capacity[task.tool_name] <= 0:
                         continue
                     capacity[task.tool_name] -= 1
+                held[task.tenant_id] = held.get(task.tenant_id, 0) + 1
                 claimed.append(task)
             if claimed:
                 # The rows are locked (PostgreSQL) or the database is (SQLite's IMMEDIATE
                 # transaction), so one UPDATE stamps the whole batch.
                 self.model.objects.filter(pk__in=[t.pk for t in claimed]).update(
-                    attempt=F("attempt") + 1, worker_id=worker_id, lease_expires_at=lease_until
+                    attempt=F("attempt") + 1, worker_id=worker_id, lease_expires_at=lease_until,
+                    started_at=Coalesce(F("started_at"), Value(now)),
                 )
                 for stamped in claimed:
                     stamped.attempt += 1
@@ -319,6 +336,12 @@ class Task(models.Model):
     last_updated_at = models.DateTimeField()
     expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
     # Execution bookkeeping.
+    # The run's latest progress report ({"progress", "total", "message"}) for the operator's task
+    # page, saved by the worker at most once a second (and its last report before the outcome),
+    # whether or not the client asked for progress notifications.
+    progress = models.JSONField(null=True, blank=True)
+    # When a worker first claimed it (queued before, running after; shown on the task page).
+    started_at = models.DateTimeField(null=True, blank=True)
     attempt = models.IntegerField(default=0)
     max_attempts = models.IntegerField(default=1)
     worker_id = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001 - null: unclaimed
@@ -329,6 +352,12 @@ class Task(models.Model):
     # Where server->client messages go: the POST stream of a plain request, or the
     # tasks/result stream that is open for a task right now (null: the session's GET stream).
     stream_id = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001 - null: the GET stream
+    # A retried creation finds the task its first attempt made (mcptasks/idempotency.py): a hash
+    # of the client's key or of (session, JSON-RPC id), unique per tenant and principal.
+    idempotency_key = models.CharField(max_length=64, null=True, blank=True, editable=False)  # noqa: DJ001
+    # The W3C traceparent of the span that created the task (empty while tracing is off), so the
+    # worker's spans and a later tasks/result join the creating request's trace.
+    traceparent = models.CharField(max_length=55, blank=True, default="")
 
     objects = TaskQuerySet.as_manager()
 
@@ -338,6 +367,12 @@ class Task(models.Model):
             models.Index(fields=["tenant", "principal", "kind", "seq"], name="task_list_idx"),
         ]
         permissions = [("cancel_task", "Can cancel a task (as tasks/cancel does, audited)")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "principal", "idempotency_key"], name="task_idempotency_uniq",
+                condition=models.Q(idempotency_key__isnull=False),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.task_id[:8]}… {self.status}"
@@ -447,6 +482,9 @@ class WorkerHeartbeat(models.Model):
     started_at = models.DateTimeField(auto_now_add=True)
     last_seen_at = models.DateTimeField(db_index=True)
     stopping = models.BooleanField(default=False)
+    #: The process's resident memory and asyncio task count at its last heartbeat (``/metrics``).
+    rss_bytes = models.BigIntegerField(default=0)
+    asyncio_tasks = models.IntegerField(default=0)
 
     def __str__(self) -> str:
         return self.worker_id
@@ -505,3 +543,52 @@ class AuditAnchor(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} anchor of chain {self.chain} at {self.seq}"
+
+
+def new_webhook_message_id() -> str:
+    """The ``webhook-id`` of one event: stable across retries, so receivers can deduplicate."""
+    return "msg_" + secrets.token_urlsafe(18)
+
+
+class WebhookDelivery(models.Model):
+    """One task event for one webhook endpoint: the transactional outbox row.
+
+    Written in the transaction of the task's transition (:mod:`mcptasks.webhooks`), so a
+    committed transition always has its deliveries and a rolled-back one has none. Workers
+    claim due rows with ``FOR UPDATE SKIP LOCKED`` and a lease.
+    """
+
+    class State(models.TextChoices):
+        PENDING = "pending", "pending"
+        DELIVERED = "delivered", "delivered"
+        FAILED = "failed", "failed (gave up)"
+
+    id = models.BigAutoField(primary_key=True)
+    endpoint = models.ForeignKey("tenants.WebhookEndpoint", on_delete=models.CASCADE, related_name="deliveries")
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    msg_id = models.CharField(max_length=64, unique=True, default=new_webhook_message_id, editable=False)
+    task_id = models.CharField(max_length=64)
+    event = models.CharField(max_length=32)
+    payload = models.JSONField()
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    attempts = models.IntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    worker_id = models.CharField(max_length=64, blank=True)
+    last_status_code = models.IntegerField(null=True, blank=True)
+    last_error = models.CharField(max_length=300, blank=True)
+    #: The first bytes of the receiver's last response, for operators (never more).
+    response_excerpt = models.CharField(max_length=200, blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name_plural = "webhook deliveries"
+        indexes = [
+            models.Index(fields=["next_attempt_at"], name="webhook_due_idx", condition=Q(state="pending")),
+            models.Index(fields=["endpoint", "task_id", "id"], name="webhook_task_order_idx"),
+        ]
+        permissions = [("redeliver_webhookdelivery", "Can redeliver a webhook delivery (audited)")]
+
+    def __str__(self) -> str:
+        return f"{self.event} {self.task_id[:8]}… {self.state}"

@@ -210,7 +210,8 @@ def _schema_from_signature(
     fn: Callable[..., Any],
 ) -> tuple[type[BaseModel] | None, dict[str, Any], str | None]:
     sig = inspect.signature(fn)
-    hints = get_type_hints(fn)
+    # include_extras: keep `Annotated[..., Field(...)]` constraints (bounds, lengths) of the arguments.
+    hints = get_type_hints(fn, include_extras=True)
     fields: dict[str, Any] = {}
     ctx_param = None
     for name, param in sig.parameters.items():

@@ -4,8 +4,10 @@
   in the server's own event loop, so a newcomer needs one command and no Redis.
 * Periodic cleanup of expired tasks runs in every serving process (concurrent cleaners are
   safe: they skip each other's rows).
-* On SIGTERM, open SSE streams are ended with a ``retry:`` hint before daphne stops, so
-  clients reconnect (with ``Last-Event-ID``) elsewhere instead of seeing a cut connection.
+* On SIGTERM (and SIGINT), the embedded worker stops claiming, lets running tools finish within
+  ``MCPTASKS_WORKER_SHUTDOWN_GRACE_S`` and hands the rest back (like ``mcptasks_worker``); then
+  open SSE streams are ended with a ``retry:`` hint before daphne stops, so clients reconnect
+  (with ``Last-Event-ID``) elsewhere instead of seeing a cut connection.
 """
 
 from __future__ import annotations
@@ -25,6 +27,20 @@ from . import audit, bus, conf, services
 logger = logging.getLogger(__name__)
 
 
+def bound_default_executor(loop: asyncio.AbstractEventLoop) -> None:
+    """Give ``loop`` a default executor of ``MCPTASKS_SYNC_THREADS`` threads (``mcptasks-sync-N``).
+
+    ``sync_to_async(thread_sensitive=False)`` and ``asyncio.to_thread`` run there, and each of
+    its threads keeps its own PostgreSQL connection: Python's default (min(32, CPUs + 4)
+    threads) made a process's connection count depend on the machine it runs on.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    loop.set_default_executor(
+        ThreadPoolExecutor(max_workers=conf.get().SYNC_THREADS, thread_name_prefix="mcptasks-sync")
+    )
+
+
 class EmbeddedRuntime:
     """ASGI wrapper that starts background loops in the server's event loop on first use."""
 
@@ -33,10 +49,16 @@ class EmbeddedRuntime:
         self.started = False
         self.worker: Any = None
         self._tasks: list[asyncio.Task[Any]] = []
+        self._worker_run: asyncio.Task[Any] | None = None
+        self._worker_stop: asyncio.Event | None = None
+        self._stopping = False
+        #: Where shutdown progress is reported (``manage.py serve`` points it at its output).
+        self.announce: Callable[[str], Any] = logger.info
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if not self.started and scope.get("type") in ("http", "lifespan"):
             self.started = True
+            bound_default_executor(asyncio.get_running_loop())
             bus.serve_on(asyncio.get_running_loop())
             self.start()
         await self.app(scope, receive, send)
@@ -48,13 +70,15 @@ class EmbeddedRuntime:
             from .worker import Worker
 
             self.worker = Worker(run_cleanup=False)
-            self._tasks.append(asyncio.ensure_future(self.worker.run()))
+            self._worker_stop = asyncio.Event()
+            self._worker_run = asyncio.create_task(self.worker.run(self._worker_stop))
+            self._tasks.append(self._worker_run)
             logger.info("embedded worker started")
         self._tasks.append(asyncio.ensure_future(
             self._every(lambda: conf.get().CLEANUP_INTERVAL_S, services.cleanup_expired, "periodic cleanup")))
         # Any process may seal; the sealer's own lock lets one at a time do it.
         self._tasks.append(asyncio.ensure_future(
-            self._every(lambda: conf.get().AUDIT_SEAL_INTERVAL_S, audit.seal, "sealing the audit log")))
+            self._every(lambda: conf.get().AUDIT_SEAL_INTERVAL_S, audit.housekeep, "sealing the audit log")))
         self._install_shutdown_hook()
 
     def _install_shutdown_hook(self) -> None:
@@ -66,19 +90,51 @@ class EmbeddedRuntime:
         if threading.current_thread() is not threading.main_thread():
             return
         loop = asyncio.get_running_loop()
-        previous = signal.getsignal(signal.SIGTERM)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous = signal.getsignal(sig)
 
-        def on_sigterm(signum: int, frame: Any) -> None:
-            loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._graceful_stop(previous, signum, frame)))
+            def on_signal(signum: int, frame: Any, previous: Any = previous) -> None:
+                if self._stopping:
+                    if signum == signal.SIGINT:
+                        # A second Ctrl-C: the developer wants out now. Leases of running tasks
+                        # then lapse and the next start recovers them.
+                        os.write(2, b"shutdown: forced by a second interrupt; running tasks recover by lease expiry\n")
+                        os._exit(130)
+                    return  # one shutdown at a time: a repeated SIGTERM does not cut the drain short
+                self._stopping = True
+                loop.call_soon_threadsafe(
+                    lambda: asyncio.ensure_future(self._graceful_stop(previous, signum, frame)))
 
-        try:
-            signal.signal(signal.SIGTERM, on_sigterm)
-        except ValueError:  # not the main thread of the interpreter after all
+            try:
+                signal.signal(sig, on_signal)
+            except ValueError:  # not the main thread of the interpreter after all
+                return
+
+    async def _drain_worker(self) -> None:
+        """Stop the embedded worker the way ``mcptasks_worker`` stops on SIGTERM, and say so."""
+        worker, run, stop = self.worker, self._worker_run, self._worker_stop
+        if worker is None or run is None or stop is None or run.done():
             return
+        grace = conf.get().WORKER_SHUTDOWN_GRACE_S
+        running = len(worker.running)
+        if running:
+            self.announce(f"shutdown: draining {running} running task(s) (grace {grace:g}s); "
+                          "the rest are handed back to the next worker")
+        handed_before = worker.handed_back_total
+        stop.set()
+        try:
+            # The worker waits ``grace`` for its tools, then releases the rest's leases.
+            await asyncio.wait_for(asyncio.shield(run), timeout=grace + 10)
+        except Exception:
+            logger.warning("shutdown: the embedded worker did not stop cleanly", exc_info=True)
+        handed = worker.handed_back_total - handed_before
+        if running:
+            self.announce(f"shutdown: handed back {handed} task(s); {running - handed} finished within the grace")
 
     async def _graceful_stop(self, previous: Any, signum: int, frame: Any) -> None:
         from .transport.consumer import close_all_streams
 
+        await self._drain_worker()
         try:
             closed = await asyncio.wait_for(close_all_streams(), timeout=2)
             logger.info("shutdown: closed %d open stream(s) with a retry hint", closed)
@@ -90,8 +146,8 @@ class EmbeddedRuntime:
         if callable(previous):
             previous(signum, frame)
         else:
-            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
 
     @staticmethod
     async def _every(interval: Callable[[], float], job: Callable[[], Any], what: str) -> None:

@@ -233,6 +233,8 @@ def task_by_request(*, session_id: str, request_id: Any) -> Task | None:
 REFUSAL_ACTIONS = (
     "auth.failed", "auth.scope_refused", "ratelimit.refused", "quota.refused", "task.lookup_failed",
     "task.cross_tenant", "oauth.invalid_scope", "oauth.not_member", "login.throttled",
+    # How many refusals the audit throttle counted instead of writing (mcptasks.watch).
+    "audit.suppressed",
 )
 
 

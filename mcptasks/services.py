@@ -12,15 +12,17 @@ import logging
 import secrets
 from typing import Any
 
-from django.db import connection, transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from tenants import quotas
 from tenants.auth import AuthContext
+from tenants.exceptions import QuotaExceeded
+from tenants.models import Principal
 from tenants.selectors import effective_limits
 
-from . import audit, bus, conf
+from . import audit, bus, conf, idempotency, limits, observability, webhooks
 from .models import (
     TERMINAL,
     McpSession,
@@ -30,8 +32,10 @@ from .models import (
     Task,
     TaskMessage,
     TaskStatus,
+    WebhookDelivery,
     WorkerHeartbeat,
 )
+from .protocol.era2026 import VERSION as ERA2026_VERSION
 from .protocol.errors import INTERNAL_ERROR, INVALID_PARAMS, McpError, cannot_cancel_message
 from .protocol.messages import LOG_LEVELS, related_task_meta
 from .registry import Tool
@@ -48,16 +52,53 @@ CANCELLED_ERROR = {"code": INTERNAL_ERROR, "message": "Task was cancelled"}
 def open_session(
     *, auth: AuthContext, protocol_version: str, client_info: dict[str, Any], capabilities: dict[str, Any]
 ) -> McpSession:
-    """Create the session an ``initialize`` opens, bound to the caller's principal."""
-    session = McpSession.objects.create(
-        tenant_id=auth.tenant_id,
-        principal_id=auth.principal_id,
-        protocol_version=protocol_version,
-        client_info=client_info,
-        client_capabilities=capabilities,
-    )
+    """Create the session an ``initialize`` opens, bound to the caller's principal.
+
+    Refused with -32602 when the client metadata is over ``CLIENT_METADATA_MAX_BYTES`` and with
+    :class:`QuotaExceeded` (-32010) when the principal holds ``MAX_SESSIONS_PER_PRINCIPAL`` live
+    sessions. The count runs under a lock on the principal's row, so concurrent ``initialize``
+    requests (in any process) cannot overshoot it.
+    """
+    limits.check_client_metadata(client_info=client_info, capabilities=capabilities)
+    cap = conf.get().MAX_SESSIONS_PER_PRINCIPAL
+    with transaction.atomic():
+        if cap > 0:
+            Principal.objects.select_for_update().filter(pk=auth.principal_id).exists()
+            held = live_sessions(principal_id=auth.principal_id, now=timezone.now()).count()
+            if held >= cap:
+                raise QuotaExceeded(
+                    f"Too many sessions: this principal holds {held} live sessions (the limit is {cap}); "
+                    "end one with HTTP DELETE or let idle ones expire",
+                    {"limit": cap, "scope": "principal", "resource": "sessions"},
+                )
+        session = McpSession.objects.create(
+            tenant_id=auth.tenant_id,
+            principal_id=auth.principal_id,
+            protocol_version=protocol_version,
+            client_info=client_info,
+            client_capabilities=capabilities,
+        )
     record_audit(auth=auth, action="session.open", data={"protocolVersion": protocol_version})
     return session
+
+
+def live_sessions(*, principal_id: int, now: dt.datetime) -> QuerySet[McpSession]:
+    """The principal's sessions that count against ``MAX_SESSIONS_PER_PRINCIPAL``.
+
+    Not ended, not idle past ``SESSION_IDLE_TIMEOUT_S``, not an uninitialized one past
+    ``SESSION_INIT_TIMEOUT_S`` (cleanup deletes those), and not the row of a 2026-07-28 request
+    (those stand for one request each and expire with it).
+    """
+    s = conf.get()
+    return (
+        McpSession.objects.filter(
+            principal_id=principal_id,
+            ended_at__isnull=True,
+            last_seen_at__gt=now - dt.timedelta(seconds=s.SESSION_IDLE_TIMEOUT_S),
+        )
+        .exclude(protocol_version=ERA2026_VERSION)
+        .exclude(initialized=False, created_at__lte=now - dt.timedelta(seconds=s.SESSION_INIT_TIMEOUT_S))
+    )
 
 
 def mark_initialized(*, session: McpSession) -> None:
@@ -98,17 +139,64 @@ def create_task(
     kind: str = Task.Kind.TASK,
     requested_ttl_ms: int | None = None,
     stream_id: str | None = None,
+    idempotency_key: str | None = None,
 ) -> Task:
     """Create a task (or plain request) row and wake a worker once it is committed.
 
     The ttl is clamped to the tenant's maximum; the quota slot is taken in the same
-    transaction, so a refused creation leaves nothing behind.
+    transaction, so a refused creation leaves nothing behind. With an ``idempotency_key``
+    (:mod:`mcptasks.idempotency`) a retry returns the task the first attempt created.
     """
+    if idempotency_key is not None:
+        existing = _idempotent_match(auth=auth, key=idempotency_key, tool=tool, arguments=arguments)
+        if existing is not None:
+            return existing
+        try:
+            return _create_task(
+                auth=auth, session=session, tool=tool, arguments=arguments, request_id=request_id,
+                progress_token=progress_token, kind=kind, requested_ttl_ms=requested_ttl_ms, stream_id=stream_id,
+                idempotency_key=idempotency_key,
+            )
+        except IntegrityError:
+            # A concurrent duplicate committed first (the unique constraint made this insert
+            # wait for it): answer with its task; this attempt left nothing behind.
+            existing = _idempotent_match(auth=auth, key=idempotency_key, tool=tool, arguments=arguments)
+            if existing is None:
+                raise
+            return existing
+    return _create_task(
+        auth=auth, session=session, tool=tool, arguments=arguments, request_id=request_id,
+        progress_token=progress_token, kind=kind, requested_ttl_ms=requested_ttl_ms, stream_id=stream_id,
+    )
+
+
+def _idempotent_match(*, auth: AuthContext, key: str, tool: Tool, arguments: dict[str, Any]) -> Task | None:
+    """The task this principal created with ``key``, or None; refuses a different call."""
+    task = Task.objects.filter(tenant_id=auth.tenant_id, principal_id=auth.principal_id, idempotency_key=key).first()
+    if task is not None and (task.tool_name != tool.name or (task.params or {}).get("arguments") != arguments):
+        raise idempotency.mismatch()
+    return task
+
+
+def _create_task(
+    *,
+    auth: AuthContext,
+    session: McpSession,
+    tool: Tool,
+    arguments: dict[str, Any],
+    request_id: str | int,
+    progress_token: str | int | None,
+    kind: str,
+    requested_ttl_ms: int | None,
+    stream_id: str | None,
+    idempotency_key: str | None = None,
+) -> Task:
     limits = effective_limits(tenant_id=auth.tenant_id)
     now = timezone.now()
     if kind == Task.Kind.TASK:
         ttl = limits.default_ttl_ms if requested_ttl_ms is None else requested_ttl_ms
-        ttl = min(ttl, limits.max_ttl_ms)
+        # Clamped both ways: a client's ttl may be any JSON integer (2^63-1, 10^40).
+        ttl = max(0, min(ttl, limits.max_ttl_ms))
         poll = limits.poll_interval_ms
     else:
         ttl = None
@@ -134,6 +222,9 @@ def create_task(
             expires_at=expires,
             max_attempts=max_attempts,
             stream_id=stream_id,
+            idempotency_key=idempotency_key,
+            # The creating span, so the worker's spans join this request's trace ("" when off).
+            traceparent=observability.current_traceparent(),
         )
         if kind == Task.Kind.TASK:
             record_audit(auth=auth, action="task.create", task_id=task.task_id, data={"tool": tool.name, "ttl": ttl})
@@ -182,15 +273,17 @@ def transition(
     terminal = to in TERMINAL
     with transaction.atomic():
         changed = rows.transition(to, now=now, **updates)
-        if changed and terminal:
-            _ended(tasks=[task], messages={task.pk: status_message}, statuses={task.pk: to})
+        if changed:
+            updates.update(status=to, last_updated_at=now)
+            if terminal:
+                updates.update(finished_at=now, lease_expires_at=None)
+                _ended(tasks=[task], messages={task.pk: status_message}, statuses={task.pk: to})
+            for key, value in updates.items():
+                setattr(task, key, value)
+            # The outbox rows commit (or roll back) with the transition itself.
+            webhooks.enqueue([task], now=now)
     if not changed:
         return False
-    updates.update(status=to, last_updated_at=now)
-    if terminal:
-        updates.update(finished_at=now, lease_expires_at=None)
-    for key, value in updates.items():
-        setattr(task, key, value)
     _after_change(task)
     return True
 
@@ -209,14 +302,18 @@ def finish_runs(*, runs: list[tuple[Task, Outcome]]) -> list[bool]:
         if ended:
             _ended(tasks=[t for t, _o in ended], messages={o.pk: o.message for _t, o in ended},
                    statuses={o.pk: o.status for _t, o in ended})
-    for task, outcome in ended:
-        task.status, task.last_updated_at, task.finished_at, task.lease_expires_at = outcome.status, now, now, None
-        if outcome.message is not None:
-            task.status_message = outcome.message
-        if outcome.result is not None:
-            task.result = outcome.result
-        if outcome.error is not None:
-            task.error = outcome.error
+        for task, outcome in ended:
+            task.status, task.last_updated_at, task.finished_at = outcome.status, now, now
+            task.lease_expires_at = None
+            if outcome.message is not None:
+                task.status_message = outcome.message
+            if outcome.result is not None:
+                task.result = outcome.result
+            if outcome.error is not None:
+                task.error = outcome.error
+        # The outbox rows of the whole batch commit (or roll back) with its outcomes.
+        webhooks.enqueue([t for t, _o in ended], now=now)
+    for task, _outcome in ended:
         _after_change(task)
     return [o.pk in won for _t, o in runs]
 
@@ -443,16 +540,19 @@ def bind_result_stream(
 # --- cleanup --------------------------------------------------------------------------------
 
 
-def cleanup_expired(*, batch_size: int | None = None, max_batches: int = 1000) -> dict[str, int]:
+def cleanup_expired(
+    *, batch_size: int | None = None, max_batches: int = 1000, now: dt.datetime | None = None
+) -> dict[str, int]:
     """Delete expired tasks (with their messages), old plain requests and stream events.
 
     Bounded batches, each its own short transaction. On PostgreSQL the batch is picked with
     ``FOR UPDATE SKIP LOCKED``, so concurrent cleaners never delete the same rows twice.
+    ``now``: the clock (tests pass their own).
     """
     settings = conf.get()
     batch = batch_size or settings.CLEANUP_BATCH_SIZE
-    now = timezone.now()
-    counts = {"tasks": 0, "requests": 0, "events": 0, "sessions": 0, "workers": 0, "anchors": 0}
+    now = now or timezone.now()
+    counts = {"tasks": 0, "requests": 0, "events": 0, "sessions": 0, "workers": 0, "anchors": 0, "webhooks": 0}
     for _ in range(max_batches):
         n = _delete_batch(Q(kind=Task.Kind.TASK, expires_at__lte=now), batch, release=True)
         counts["tasks"] += n
@@ -480,8 +580,19 @@ def cleanup_expired(*, batch_size: int | None = None, max_batches: int = 1000) -
         if len(ids) < batch:
             break
     idle_cutoff = now - dt.timedelta(seconds=settings.SESSION_IDLE_TIMEOUT_S)
+    # Sessions that never initialized, and the rows of 2026-07-28 requests (one per tools/call),
+    # go within minutes, not after a day idle: nobody resumes them, and every request makes one.
+    # A request row stays while its plain run is live (its rounds and events are stored under it).
+    init_cutoff = now - dt.timedelta(seconds=settings.SESSION_INIT_TIMEOUT_S)
+    req_row_cutoff = now - dt.timedelta(seconds=settings.REQUEST_RETENTION_S)
+    live_runs = Task.objects.filter(kind=Task.Kind.REQUEST, session_id=OuterRef("pk")).exclude(status__in=TERMINAL)
     stale = list(
-        McpSession.objects.filter(Q(ended_at__lte=idle_cutoff) | Q(last_seen_at__lte=idle_cutoff))
+        McpSession.objects.filter(
+            Q(ended_at__lte=idle_cutoff)
+            | Q(last_seen_at__lte=idle_cutoff)
+            | Q(initialized=False, created_at__lte=init_cutoff)
+            | (Q(protocol_version=ERA2026_VERSION, last_seen_at__lte=req_row_cutoff) & ~Exists(live_runs))
+        )
         .exclude(pk__in=Task.objects.filter(kind=Task.Kind.TASK).values("session_id"))
         .values_list("pk", flat=True)[:batch]
     )
@@ -500,6 +611,16 @@ def cleanup_expired(*, batch_size: int | None = None, max_batches: int = 1000) -
     # lease expiry; the row only tells operators). Kept for ten leases so they can be seen.
     dead_cutoff = now - dt.timedelta(seconds=max(60.0, 10 * settings.WORKER_LEASE_S))
     counts["workers"] = WorkerHeartbeat.objects.filter(last_seen_at__lt=dead_cutoff).delete()[0]
+    hook_cutoff = now - dt.timedelta(seconds=settings.WEBHOOK_RETENTION_S)
+    for _ in range(max_batches):
+        # Pending rows stay whatever their age: they are the outbox.
+        ids = list(WebhookDelivery.objects.filter(created_at__lte=hook_cutoff).exclude(
+            state=WebhookDelivery.State.PENDING).values_list("id", flat=True)[:batch])
+        if ids:
+            WebhookDelivery.objects.filter(id__in=ids).delete()
+        counts["webhooks"] += len(ids)
+        if len(ids) < batch:
+            break
     counts["anchors"] = audit.thin_anchors(older_than=dt.timedelta(seconds=settings.AUDIT_ANCHOR_RETENTION_S))
     if any(counts.values()):
         logger.info("cleanup removed %s", counts)
@@ -560,8 +681,8 @@ def worker_gone(*, worker_id: str) -> None:
 
 
 def worker_heartbeat(*, worker_id: str, hostname: str, pid: int, concurrency: int, running: int,
-                     stopping: bool = False) -> None:
-    """Register or refresh a worker's liveness row."""
+                     stopping: bool = False, rss_bytes: int = 0, asyncio_tasks: int = 0) -> None:
+    """Register or refresh a worker's liveness row (with its memory figures for ``/metrics``)."""
     WorkerHeartbeat.objects.update_or_create(
         worker_id=worker_id,
         defaults={
@@ -571,6 +692,8 @@ def worker_heartbeat(*, worker_id: str, hostname: str, pid: int, concurrency: in
             "running": running,
             "last_seen_at": timezone.now(),
             "stopping": stopping,
+            "rss_bytes": rss_bytes,
+            "asyncio_tasks": asyncio_tasks,
         },
     )
 

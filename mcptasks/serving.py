@@ -19,6 +19,11 @@ INIT_BODY = (
 )
 
 
+#: The dev token's scopes and lifetime (a new one is minted when less than a day is left).
+DEV_SCOPES = ("mcp:tools", "mcp:tasks")
+DEV_TOKEN_LIFETIME_S = 30 * 24 * 3600
+
+
 class DevServer:
     """Daphne serving ``mcptasks.asgi:application`` with the embedded worker."""
 
@@ -34,16 +39,52 @@ class DevServer:
         return f"http://{host}:{self.port}{tenant_conf.get().MCP_PATH}"
 
     def dev_token(self) -> str:
-        """A bearer token of the demo tenant (created on first start)."""
+        """A bearer token of the demo tenant: the one of the last start while it is still valid
+        here (same URL, not revoked, at least a day left), else a new one.
+
+        Kept in ``VAR_DIR/dev-token.json`` (mode 0600) beside the embedded database, like the
+        operator's password, so restarts do not pile up valid tokens nor break a client's config.
+        """
         if self._token is None:
             from tenants import services as tenant_services
 
             tenant = tenant_services.get_or_create_tenant(slug="demo", name="Demo tenant")
+            path = Path(settings.VAR_DIR) / "dev-token.json"
+            stored = self._stored_token(path)
+            if stored is not None:
+                self._token = stored
+                return stored
             self._token = tenant_services.issue_token(
-                tenant=tenant, principal_name="dev", scopes=["mcp:tools", "mcp:tasks"], expires_s=30 * 24 * 3600,
+                tenant=tenant, principal_name="dev", scopes=list(DEV_SCOPES), expires_s=DEV_TOKEN_LIFETIME_S,
                 resource=self.url,
             )
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch(mode=0o600)
+            path.write_text(json.dumps({"url": self.url, "token": self._token}))
         return self._token
+
+    def _stored_token(self, path: Path) -> str | None:
+        """The stored token if it still authenticates at this URL with the dev scopes for a day."""
+        import time
+
+        from tenants.auth import AuthError, authenticate
+
+        try:
+            stored = json.loads(path.read_text())
+            token, url = str(stored["token"]), str(stored["url"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if url != self.url:
+            return None  # bound to another host or port
+        try:
+            ctx = authenticate(headers={"authorization": f"Bearer {token}"}, query_string="", resource_url=self.url)
+        except AuthError:
+            return None  # revoked, expired, tenant disabled...
+        if ctx.anonymous or ctx.tenant_slug != "demo" or not set(DEV_SCOPES) <= ctx.scopes:
+            return None
+        if ctx.expires_at is None or ctx.expires_at < time.time() + 24 * 3600:
+            return None
+        return token
 
     def operator_login(self) -> tuple[str, str | None]:
         """(username, password) of the development operator, created on first start.

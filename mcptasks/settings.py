@@ -14,9 +14,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
-from mcptasks.conf import AppSettings, DeploymentSettings
+from mcptasks import observability
+from mcptasks.conf import AppSettings, DeploymentSettings, deployment
+from mcptasks.dbconfig import pg_connection_options
 from tenants.conf import TenantSettings
+from tenants.kv import keepalive_options
 from tenants.typed_settings import read_env
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -24,10 +28,10 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 # Every variable is defined once (type, default, meaning) in mcptasks/conf.py and
 # tenants/conf.py; docs/settings.md is generated from those definitions. A file named by
 # MCPTASKS_ENV_FILE (never implicitly) may provide the variables: read it before the rest.
-_deploy = DeploymentSettings(**read_env(DeploymentSettings))
+_deploy = deployment(read_env(DeploymentSettings))
 if _deploy.ENV_FILE:
     environ.Env.read_env(_deploy.ENV_FILE)
-    _deploy = DeploymentSettings(**read_env(DeploymentSettings))
+    _deploy = deployment(read_env(DeploymentSettings))
 
 DEBUG = _deploy.DEBUG
 # The development key only ever signs local cookies/cursors; production must set SECRET_KEY
@@ -93,6 +97,7 @@ TEMPLATES = [
 ]
 
 VAR_DIR = Path(_deploy.VAR_DIR or BASE_DIR / "var")
+_app = AppSettings(**read_env(AppSettings))
 # An empty DATABASE_URL (``DATABASE_URL= cmd``) means "unset", the embedded default.
 DATABASES: dict[str, Any] = {
     "default": environ.Env.db_url_config(_deploy.DATABASE_URL or f"sqlite:///{VAR_DIR / 'mcptasks.sqlite3'}"),
@@ -119,6 +124,14 @@ elif _db["ENGINE"].startswith("django.db.backends.postgresql"):
     # request was the largest single cost of the request path.
     _db.setdefault("CONN_MAX_AGE", _deploy.CONN_MAX_AGE)
     _db.setdefault("CONN_HEALTH_CHECKS", True)
+    _db.setdefault("OPTIONS", {}).update(pg_connection_options(_app))
+    if _app.DB_POOLER == "transaction":
+        # A transaction pooler hands each transaction to any server connection: no WITH HOLD
+        # cursors (``.iterator()`` fetches client-side instead), no named prepared statements,
+        # and the timeouts are set per transaction by the backend (startup options would be
+        # refused by PgBouncer, and a plain SET would leak to other clients).
+        _db["DISABLE_SERVER_SIDE_CURSORS"] = True
+        _db["ENGINE"] = "mcptasks.pooled_postgresql"
 
 REDIS_URL = _deploy.REDIS_URL
 CHANNEL_PREFIX = _deploy.CHANNEL_PREFIX
@@ -139,7 +152,7 @@ if REDIS_URL:
                         # Above the layer's 5 s blocking read, or every quiet stream fails.
                         "socket_timeout": _LAYER.REDIS_SOCKET_TIMEOUT_S,
                         "socket_connect_timeout": _LAYER.REDIS_CONNECT_TIMEOUT_S,
-                        "socket_keepalive": True,
+                        **keepalive_options(),
                         "health_check_interval": _LAYER.REDIS_HEALTH_CHECK_S,
                     }
                 ],
@@ -185,12 +198,19 @@ with contextlib.suppress(OSError):
     STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+if _deploy.LOG_FORMAT not in ("plain", "json"):
+    raise ImproperlyConfigured(f"MCPTASKS_LOG_FORMAT must be plain or json, not {_deploy.LOG_FORMAT[:40]!r}")
+# JSON lines carry the request/task context the pipeline binds (mcptasks/observability.py).
+observability.JSON_LOGS = _deploy.LOG_FORMAT == "json"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "mcptasks.observability.JsonFormatter"},
+    },
     "filters": {"client_errors_without_traceback": {"()": "mcptasks.hardening.ClientErrorsWithoutTraceback"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": _deploy.LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": _deploy.LOG_LEVEL},
     "loggers": {
         "daphne": {"level": "WARNING"},
@@ -201,6 +221,29 @@ LOGGING = {
 }
 
 _PUBLIC_URL = TenantSettings(**TENANTS).PUBLIC_URL
+
+# --- TLS and cookies (docs/operations.md, "Running behind a TLS proxy") ---
+# Secure by default outside DEBUG (conf.DEBUG_DEFAULTS); `manage.py serve` (plain-HTTP
+# development) turns them off.
+SESSION_COOKIE_SECURE = _deploy.SESSION_COOKIE_SECURE
+CSRF_COOKIE_SECURE = _deploy.CSRF_COOKIE_SECURE
+SESSION_COOKIE_AGE = _deploy.SESSION_COOKIE_AGE
+SECURE_HSTS_SECONDS = _deploy.SECURE_HSTS_SECONDS
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _deploy.SECURE_HSTS_INCLUDE_SUBDOMAINS
+SECURE_HSTS_PRELOAD = _deploy.SECURE_HSTS_PRELOAD
+SECURE_SSL_REDIRECT = _deploy.SECURE_SSL_REDIRECT
+# Internal probes and scrapers reach these over plain HTTP on the private network.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_" + _deploy.SECURE_PROXY_SSL_HEADER.strip().upper().replace("-", "_"), "https")
+    if _deploy.SECURE_PROXY_SSL_HEADER.strip()
+    else None
+)
+CSRF_TRUSTED_ORIGINS: list[str] = list(_deploy.CSRF_TRUSTED_ORIGINS)
+if _PUBLIC_URL:
+    _origin = "{0.scheme}://{0.netloc}".format(urlsplit(_PUBLIC_URL))
+    if _origin not in CSRF_TRUSTED_ORIGINS:
+        CSRF_TRUSTED_ORIGINS.append(_origin)
 OAUTH2_PROVIDER = {
     # Scopes bounded by operator grants per application and membership (tenants/oauth.py).
     "OAUTH2_VALIDATOR_CLASS": "tenants.oauth.TenantOAuth2Validator",
@@ -208,6 +251,8 @@ OAUTH2_PROVIDER = {
         "mcp:tools": "Call MCP tools",
         "mcp:tasks": "Create and read MCP tasks",
         "mcp:tasks:tenant": "See every task of the tenant",
+        # The audit-review API, for an auditor's or tenant admin's application (mcptasks/api_auth.py).
+        "audit:read": "Read the tenant's audit events and tasks (audit-review API)",
     },
     "DEFAULT_SCOPES": ["mcp:tools", "mcp:tasks"],
     "PKCE_REQUIRED": True,
@@ -226,19 +271,24 @@ OAUTH2_PROVIDER = {
     "OAUTH2_RESPONSE_TYPES_SUPPORTED": ["code"],
     # Issuer of the built-in AS: the origin of MCPTASKS_PUBLIC_URL when set, else per request.
     "OIDC_ISS_ENDPOINT": "{0.scheme}://{0.netloc}".format(urlsplit(_PUBLIC_URL)) if _PUBLIC_URL else "",
+    "ALLOWED_REDIRECT_URI_SCHEMES": ["http", "https"] if _deploy.OAUTH_HTTP_REDIRECTS else ["https"],
 }
 LOGIN_URL = "/accounts/login/"
 
 # The audit-review API (mcptasks/api.py): operators' credentials, read-only, OpenAPI described.
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        # OAuth bearer tokens with the audit:read scope from the built-in authorization server;
+        # first, so that a missing or bad credential is a 401 with a Bearer challenge.
+        "mcptasks.api_auth.AuditTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
         # HTTP Basic, with the sign-in pages' failed-password budgets (mcptasks/api_auth.py).
         "mcptasks.api_auth.ThrottledBasicAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.UserRateThrottle"],
+    # Counted in Redis across processes (Django's cache here is per process).
+    "DEFAULT_THROTTLE_CLASSES": ["mcptasks.api_auth.SharedUserRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {"user": "600/min"},
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }

@@ -3,7 +3,6 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from tenants.oauth import ThrottledLoginView, throttled_admin_login
 
@@ -17,8 +16,12 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     # The audit-review API, its OpenAPI schema and docs (assets served locally).
     path("api/", include(api.router.urls)),
-    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("api/schema/", api.SchemaView.as_view(), name="api-schema"),
+    path("api/docs/", api.DocsView.as_view(url_name="api-schema"), name="api-docs"),
+    # The landing page (the admin's "View site") and the Markdown docs it links to.
+    path("", views.landing, name="landing"),
+    path("docs/", views.docs_index, name="docs-index"),
+    path("docs/<str:name>", views.docs_page, name="docs-page"),
     path("healthz", views.healthz, name="healthz"),
     path("readyz", views.readyz, name="readyz"),
     path("metrics", views.metrics_view, name="metrics"),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import datetime as dt
 import functools
 import json
@@ -33,7 +34,7 @@ from django.utils import timezone
 
 from tenants import conf as tenants_conf
 
-from . import audit, bus, conf, layers, services
+from . import audit, bus, conf, layers, observability, services, webhooks
 from .context import ToolCancelled, ToolContext
 from .models import LIVE, McpSession, Outcome, Task, TaskMessage, TaskStatus
 from .protocol.errors import CAPABILITY_MISSING, INTERNAL_ERROR, McpError
@@ -42,6 +43,15 @@ from .protocol.messages import related_task_meta
 from .registry import Registry, ToolInputError, registry
 
 logger = logging.getLogger(__name__)
+
+
+def resident_memory_bytes() -> int:
+    """This process's resident memory (0 where /proc is not there)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 #: The statusMessage of a non-retryable task whose worker died (documented; tests rely on it).
 WORKER_LOST = "worker lost during execution"
@@ -131,6 +141,9 @@ def _outcome(task: Task, status: str, message: str | None, *, result: dict[str, 
 #: for their client (which do not count against the concurrency itself).
 WAITING_FACTOR = 4
 
+#: Seconds between two saves of a run's progress on its task row (the operator's task page).
+PROGRESS_SAVE_EVERY_S = 1.0
+
 
 class WorkerBackend:
     """The :class:`ToolContext` backend for a tool running in this worker."""
@@ -145,6 +158,17 @@ class WorkerBackend:
         #: Requests of this run waiting for the client (a run that waits does not count as busy).
         self.awaiting_client = 0
         self._capabilities: dict[str, Any] | None = None
+        #: Progress coalescing (a token bucket of ``PROGRESS_MAX_PER_S`` a second, as many in a
+        #: burst): tokens left and when they were counted, the latest report held back, and the
+        #: timer that sends it.
+        self._progress_tokens: float | None = None
+        self._progress_at = 0.0
+        self._progress_pending: dict[str, Any] | None = None
+        self._progress_timer: asyncio.Future[Any] | None = None
+        #: Saving the latest report on the task (:meth:`_save_progress`): when last saved, and
+        #: the report not saved yet.
+        self._progress_saved_at = float("-inf")
+        self._progress_unsaved: dict[str, Any] | None = None
 
     @property
     def cancelled(self) -> bool:
@@ -171,7 +195,10 @@ class WorkerBackend:
 
     async def progress(self, progress: float, total: float | None, message: str | None) -> None:
         token = self.task.progress_token
-        if token is None or self.cancel_flag:
+        if self.cancel_flag:
+            return
+        await self._save_progress({"progress": progress, "total": total, "message": message})
+        if token is None:
             return
         params: dict[str, Any] = {"progressToken": token, "progress": progress}
         if total is not None:
@@ -181,6 +208,52 @@ class WorkerBackend:
         if self.task.kind == Task.Kind.TASK:
             params["_meta"] = related_task_meta(self.task.task_id)
         note = {"jsonrpc": "2.0", "method": "notifications/progress", "params": params}
+        wait = self._progress_wait()
+        if wait > 0:
+            # Over the rate: keep only the latest report, sent once a token is back (stream rows
+            # stay at the rate however fast the tool reports).
+            self._progress_pending = note
+            if self._progress_timer is None:
+                self._progress_timer = asyncio.ensure_future(self._send_later(wait))
+            return
+        self._progress_pending = None
+        if not await self._send_progress(note):
+            self.cancel_flag = True
+            raise ToolCancelled("the task is no longer running")
+
+    async def _save_progress(self, report: dict[str, Any] | None, *, force: bool = False) -> None:
+        """Keep ``report`` as the task's progress (its page shows it): written at most once a
+        second, so a chatty tool costs no more than a row update a second; the latest report
+        held back is written by :meth:`flush_progress` before the outcome."""
+        if report is not None:
+            self._progress_unsaved = report
+        report = self._progress_unsaved
+        now = asyncio.get_running_loop().time()
+        if report is None or (not force and now - self._progress_saved_at < PROGRESS_SAVE_EVERY_S):
+            return
+        self._progress_saved_at, self._progress_unsaved = now, None
+        task_id, attempt = self.task.task_id, self.attempt
+        await _db(lambda: Task.objects.live().filter(task_id=task_id, attempt=attempt).update(progress=report))()
+
+    def _progress_wait(self) -> float:
+        """Take a token for one notification (0: send now), else how long until one is back."""
+        rate = conf.get().PROGRESS_MAX_PER_S
+        if rate <= 0:
+            return 0.0
+        now = asyncio.get_running_loop().time()
+        burst = max(rate, 1.0)
+        tokens = burst if self._progress_tokens is None else min(
+            burst, self._progress_tokens + (now - self._progress_at) * rate
+        )
+        self._progress_at = now
+        if tokens >= 1:
+            self._progress_tokens = tokens - 1
+            return 0.0
+        self._progress_tokens = tokens
+        return (1 - tokens) / rate
+
+    async def _send_progress(self, note: dict[str, Any]) -> bool:
+        """Publish one progress notification if the run is still current (False: it is not)."""
 
         def send() -> bool:
             # Progress stops at the terminal status (and for a superseded attempt).
@@ -189,9 +262,31 @@ class WorkerBackend:
             services.publish_for_task(task=self.task, message=note)
             return True
 
-        if not await _db(send)():
-            self.cancel_flag = True
-            raise ToolCancelled("the task is no longer running")
+        return bool(await _db(send)())
+
+    async def _send_later(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        self._progress_timer = None
+        try:
+            wait = self._progress_wait()
+            if wait > 0:  # only if the clock cheated: try again when the token is back
+                self._progress_timer = asyncio.ensure_future(self._send_later(wait))
+                return
+            await self.flush_progress()
+        except Exception:
+            logger.warning("sending coalesced progress of task %s failed", self.task.task_id, exc_info=True)
+
+    async def flush_progress(self) -> None:
+        """Send the report held back by the rate limit, if any (before the run's outcome: the
+        last report is never lost, even when it costs one notification over the rate)."""
+        if self._progress_timer is not None:
+            self._progress_timer.cancel()
+            self._progress_timer = None
+        note, self._progress_pending = self._progress_pending, None
+        if note is not None and not self.cancel_flag:
+            await self._send_progress(note)
+        if not self.cancel_flag:
+            await self._save_progress(None, force=True)
 
     async def log(self, level: str, data: Any, logger_name: str | None) -> None:
         session = await self._session()
@@ -288,6 +383,8 @@ class Worker:
         self.channel: str | None = None
         #: Set when a handed-back sync tool may still be running in a thread at exit.
         self.abandoned_threads = False
+        #: Runs handed back at shutdown (released leases), for whoever reports the shutdown.
+        self.handed_back_total = 0
         self._layer = get_channel_layer()
         self._last_cleanup = 0.0
         self._last_reap = 0.0
@@ -301,6 +398,8 @@ class Worker:
         self._housekeeping = _LeaseThread()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._rejoining: asyncio.Future[Any] | None = None
+        #: The webhook delivery loop while :meth:`run` runs.
+        self._webhooks: webhooks.WebhookSender | None = None
         self._joined_at = 0.0
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -319,6 +418,9 @@ class Worker:
         listener = asyncio.ensure_future(self._listen())
         heart = asyncio.ensure_future(self._heartbeat_loop())
         sealer = asyncio.ensure_future(self._seal_loop()) if self.run_cleanup else None
+        # Webhook deliveries go out from every worker (rows are claimed, so workers share them).
+        sender = self._webhooks = webhooks.WebhookSender(worker_id=self.worker_id)
+        hooks = asyncio.ensure_future(sender.run())
         logger.info("worker %s started (concurrency %d)", self.worker_id, self.concurrency)
         try:
             while not stop.is_set():
@@ -349,11 +451,13 @@ class Worker:
             finally:
                 heart.cancel()
                 listener.cancel()
+                hooks.cancel()
+                sender.shutdown()
                 if sealer is not None:
                     sealer.cancel()
                     with contextlib.suppress(Exception):
                         # What this worker's runs appended is chained before it exits.
-                        await self._housekeeping(audit.seal)()
+                        await self._housekeeping(audit.housekeep)()
                 await _db(services.worker_gone)(worker_id=self.worker_id)
                 # Abandoned sync tools (handed back) may still run: don't wait for them.
                 self.tool_executor.shutdown(wait=False, cancel_futures=True)
@@ -391,6 +495,7 @@ class Worker:
             await asyncio.wait(pending, timeout=2)
         if handed:
             n = await _db(self._release)(handed)
+            self.handed_back_total += n
             logger.info("worker %s handed back %d tasks", self.worker_id, n)
 
     def _release(self, handed: list[tuple[str, int]]) -> int:
@@ -468,8 +573,9 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                logger.warning("worker channel receive failed (%s); rejoining when Redis answers",
-                               type(exc).__name__)
+                # One warning per outage (the breaker logs it too), not one per failed receive.
+                log = logger.debug if layers.send_breaker.is_open else logger.warning
+                log("worker channel receive failed (%s); rejoining when Redis answers", type(exc).__name__)
                 layers.report_failure(exc, open_s=tenants_conf.get().REDIS_BREAKER_S)
                 self.layer_failed()
                 await asyncio.sleep(conf.get().LAYER_FALLBACK_POLL_S)
@@ -498,7 +604,7 @@ class Worker:
         while True:
             await asyncio.sleep(conf.get().AUDIT_SEAL_INTERVAL_S)
             try:
-                await self._housekeeping(audit.seal)()
+                await self._housekeeping(audit.housekeep)()
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -508,6 +614,7 @@ class Worker:
         await self._lease(services.worker_heartbeat)(
             worker_id=self.worker_id, hostname=socket.gethostname(), pid=os.getpid(),
             concurrency=self.concurrency, running=len(self.running), stopping=self.stopping,
+            rss_bytes=resident_memory_bytes(), asyncio_tasks=len(asyncio.all_tasks()),
         )
 
     async def _heartbeat_loop(self) -> None:
@@ -563,7 +670,25 @@ class Worker:
             worker_id=self.worker_id, limit=limit, now=now,
             lease_until=now + dt.timedelta(seconds=conf.get().WORKER_LEASE_S), exclude=list(self.running),
             limited={t.name: t.max_concurrency for t in self.registry.tools.values() if t.max_concurrency},
+            tenant_running=self._busy_by_tenant(), tenant_cap=self._tenant_cap(),
         )
+
+    def _busy_by_tenant(self) -> dict[int, int]:
+        """This worker's runs per tenant, not counting those waiting for their client."""
+        busy: dict[int, int] = {}
+        for _t, backend, _a in self.running.values():
+            if backend is not None and not backend.awaiting_client:
+                busy[backend.task.tenant_id] = busy.get(backend.task.tenant_id, 0) + 1
+        return busy
+
+    def _tenant_cap(self) -> int | None:
+        """Most runs one tenant may have here: ``concurrency`` less the reserved slots (at least 1).
+
+        The reserved slots stay free for other tenants however many tasks one tenant queues,
+        so another tenant's task starts at once instead of waiting for a flood of long runs.
+        """
+        reserved = conf.get().WORKER_TENANT_RESERVED_SLOTS
+        return max(1, self.concurrency - reserved) if reserved > 0 else None
 
     async def _maybe_reap(self) -> None:
         loop = asyncio.get_running_loop()
@@ -614,14 +739,38 @@ class Worker:
 
     def _background(self, coro: Any) -> None:
         # Keep a reference until done (the loop holds only weak references to tasks).
-        fut = asyncio.ensure_future(coro)
+        fut = asyncio.ensure_future(self._layer_op(coro))
         self._bg.add(fut)
         fut.add_done_callback(self._bg.discard)
 
+    async def _layer_op(self, coro: Any) -> None:
+        """Await a fire-and-forget layer call (a group join or leave) and handle its failure.
+
+        Unawaited, a failing call left "Task exception was never retrieved" on every run start and
+        end while Redis failed over (thousands of lines a minute). A failure opens the layer's
+        breaker (one warning per outage) and makes the worker rejoin its groups once Redis answers.
+        """
+        try:
+            await asyncio.wait_for(coro, timeout=max(1.0, conf.get().LAYER_SEND_TIMEOUT_S))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            layers.report_failure(exc, open_s=tenants_conf.get().REDIS_BREAKER_S)
+
     async def _execute(self, task: Task, backend: WorkerBackend) -> None:
-        outcome = await self._run(task, backend)
-        if outcome is not None:
-            await self._finish(task, outcome)
+        # The run's log lines name its task; its spans join the trace of the request that created it.
+        with observability.task_run(task, worker_id=self.worker_id):
+            outcome = await self._run(task, backend)
+            if outcome is not None:
+                try:
+                    # The latest progress held back by the rate limit goes out before the outcome.
+                    await backend.flush_progress()
+                except Exception:
+                    logger.warning("sending the last progress of task %s failed", task.task_id, exc_info=True)
+                with observability.span("mcptasks.task.notify", task=task, **{"mcptasks.status": outcome.status}):
+                    await self._finish(task, outcome)
+            elif backend._progress_timer is not None:
+                backend._progress_timer.cancel()
 
     async def _run(self, task: Task, backend: WorkerBackend) -> Outcome | None:
         """Run the tool; how the run ended (None: nothing to write: cancelled, superseded, handed back)."""
@@ -636,9 +785,11 @@ class Worker:
             tenant=getattr(task, "tenant_slug", None), principal=getattr(task, "principal_ident", None),
         )
         timeout_cm: asyncio.Timeout | None = None
+        # A tool that declares no limit gets the default one: no run holds a slot forever.
+        limit_s = tool.timeout_s if tool.timeout_s is not None else (conf.get().TOOL_DEFAULT_TIMEOUT_S or None)
         try:
             arguments = tool.validate_arguments((task.params or {}).get("arguments"))
-            async with asyncio.timeout(tool.timeout_s) as timeout_cm:
+            async with asyncio.timeout(limit_s) as timeout_cm:
                 result = await tool.invoke(arguments, ctx, executor=self.tool_executor)
         except ToolInputError as exc:
             return _outcome(task, TaskStatus.FAILED, str(exc),
@@ -648,7 +799,7 @@ class Worker:
                 return None
             if timeout_cm is not None and timeout_cm.expired():
                 backend.cancel_flag = True  # a sync tool still in its thread sees ctx.cancelled
-                msg = f"Tool {tool.name} timed out after {tool.timeout_s:g}s"
+                msg = f"Tool {tool.name} timed out after {limit_s:g}s"
             else:
                 msg = "Tool execution failed: TimeoutError"
             return _outcome(task, TaskStatus.FAILED, msg, error={"code": INTERNAL_ERROR, "message": msg})
@@ -695,7 +846,9 @@ class Worker:
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._outcomes.append((task, outcome, done))
         if self._writer is None or self._writer.done():
-            self._writer = asyncio.ensure_future(self._write_outcomes())
+            # In a context of its own: the writer serves every run, not the one that started it
+            # (whose task id and trace its log lines and spans would otherwise carry).
+            self._writer = asyncio.get_running_loop().create_task(self._write_outcomes(), context=contextvars.Context())
         # Shielded: a run cancelled while its outcome is being written does not cancel the write.
         if not await asyncio.shield(done):
             logger.info("late outcome of task %s attempt %d discarded (no longer live or superseded)",
@@ -720,6 +873,9 @@ class Worker:
             for (_t, _o, done), ok in zip(batch, written, strict=True):
                 if not done.done():
                     done.set_result(ok)
+            if any(written) and self._webhooks is not None:
+                # The batch may have written webhook rows: look now instead of at the next poll.
+                self._webhooks.wake.set()
 
     async def _write_batch(self, runs: list[tuple[Task, Outcome]]) -> list[bool]:
         """Write outcomes, retrying through a database outage while the lease lasts.

@@ -11,14 +11,36 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+import oauth2_provider.admin  # noqa: F401  (DOT's admins registered first: wrapped below)
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.contrib.admin.widgets import ForeignKeyRawIdWidget
+from django.contrib.auth import get_user_model
+from django.core.exceptions import (
+    FieldDoesNotExist,
+    MultipleObjectsReturned,
+    ObjectDoesNotExist,
+    PermissionDenied,
+    ValidationError,
+)
 from django.db import models
 from django.http import HttpRequest
+from oauth2_provider.models import get_application_model
 
+from . import conf as tenant_conf
 from . import roles
+from .conf import normalize_uri, same_resource, shared_resource, tenant_resource
 from .crypto import EncryptedTextField
-from .models import ExternalIssuer, Principal, Tenant, TenantApplication, TenantMembership
+from .models import (
+    DEFAULT_WEBHOOK_EVENTS,
+    WEBHOOK_EVENTS,
+    ExternalIssuer,
+    Principal,
+    Tenant,
+    TenantApplication,
+    TenantMembership,
+    WebhookEndpoint,
+)
 from .signals import emit
 
 #: Lists only tenants the operator can see (the plain filter would name every tenant).
@@ -44,7 +66,87 @@ def _audit_value(value: Any) -> Any:
     return text if len(text) <= _MAX_AUDIT_VALUE else text[:_MAX_AUDIT_VALUE] + "…"
 
 
-class ScopedAuditedAdmin(admin.ModelAdmin):
+def scoped_choices(model: Any, managed: frozenset[int]) -> Any:
+    """The rows of ``model`` a tenant admin of the tenants ``managed`` may name in a foreign key.
+
+    Tenants they manage; those tenants' rows (principals, applications...); users who are
+    members of them; OAuth applications linked to them. Any other model: nothing.
+    """
+    manager = model._default_manager
+    if model is Tenant:
+        return manager.filter(pk__in=managed)
+    if model is get_user_model():
+        return manager.filter(tenant_memberships__tenant_id__in=managed).distinct()
+    if model is get_application_model():
+        return manager.filter(tenant_link__tenant_id__in=managed)
+    try:
+        model._meta.get_field("tenant")
+    except FieldDoesNotExist:
+        return manager.none()
+    return manager.filter(tenant_id__in=managed)
+
+
+class ScopedRawIdWidget(ForeignKeyRawIdWidget):
+    """A raw-id input that labels only rows of its field's (scoped) queryset.
+
+    Django's own widget looks the posted id up in the whole table, so an invalid form echoed
+    the name of any row (another tenant's principal, any user) next to the id.
+    """
+
+    def __init__(self, rel: Any, admin_site: Any, queryset: Any, attrs: Any = None, using: Any = None) -> None:
+        super().__init__(rel, admin_site, attrs, using)
+        self.queryset = queryset
+
+    def label_and_url_for_value(self, value: Any) -> tuple[str, str]:
+        """The label and link of ``value`` if the field could accept it, else nothing."""
+        key = self.rel.get_related_field().name
+        try:
+            self.queryset.using(self.db).get(**{key: value})
+        except (ValueError, TypeError, ValidationError, ObjectDoesNotExist, MultipleObjectsReturned):
+            return "", ""
+        return tuple(super().label_and_url_for_value(value))  # type: ignore[return-value]
+
+
+class ScopedForeignKeys:
+    """Every foreign key of an admin or inline offers, accepts and labels only the operator's tenants' rows."""
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        """Scoped queryset for tenant admins; raw-id widgets labelled from that queryset."""
+        managed = roles.managed_tenant_ids(request.user)
+        if managed is not None and "queryset" not in kwargs:
+            kwargs["queryset"] = scoped_choices(db_field.related_model, managed)
+        if db_field.name in getattr(self, "raw_id_fields", ()) and "widget" not in kwargs:
+            using = kwargs.get("using")
+            queryset = kwargs.get("queryset")
+            if queryset is None:
+                queryset = self.get_field_queryset(using, db_field, request)  # type: ignore[attr-defined]
+            if queryset is None:
+                queryset = db_field.related_model._default_manager.all()
+            site = getattr(self, "admin_site")  # noqa: B009  (a mixin: set by ModelAdmin/InlineModelAdmin)
+            kwargs["widget"] = ScopedRawIdWidget(db_field.remote_field, site, queryset, using=using)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)  # type: ignore[misc]
+
+
+def check_references(request: HttpRequest, obj: Any) -> None:
+    """Refuse (403) saving ``obj`` if a foreign key names a row outside the tenant admin's tenants.
+
+    The forms already refuse such ids; this catches any path around them (a forged formset).
+    """
+    managed = roles.managed_tenant_ids(request.user)
+    if managed is None:
+        return
+    for field in obj._meta.concrete_fields:
+        if not field.is_relation or field.related_model is None:
+            continue
+        value = getattr(obj, field.attname, None)
+        if value is None:
+            continue
+        target = field.target_field.name
+        if not scoped_choices(field.related_model, managed).filter(**{target: value}).exists():
+            raise PermissionDenied
+
+
+class ScopedAuditedAdmin(ScopedForeignKeys, admin.ModelAdmin):
     """Rows limited to the operator's tenants; every write recorded in the audit trail.
 
     ``tenant_field`` names the lookup to the tenant id (``"pk"`` on the Tenant admin itself).
@@ -78,21 +180,11 @@ class ScopedAuditedAdmin(admin.ModelAdmin):
         """Model permission, and the object's tenant managed by the operator."""
         return super().has_delete_permission(request, obj) and self._manages(request, obj)
 
-    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
-        """A tenant admin can only pick the tenants they manage (and their principals)."""
-        managed = roles.managed_tenant_ids(request.user)
-        if managed is not None and db_field.related_model is Tenant:
-            kwargs["queryset"] = Tenant.objects.filter(pk__in=managed)
-        elif managed is not None and db_field.related_model is Principal:
-            kwargs["queryset"] = Principal.objects.filter(tenant_id__in=managed)
-        return super().formfield_for_foreignkey(db_field, request, **kwargs)
-
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         """Refuse saving into a tenant the operator does not manage (a forged POST), then audit."""
         if not self._manages(request, obj):
-            from django.core.exceptions import PermissionDenied
-
             raise PermissionDenied
+        check_references(request, obj)
         before = type(obj).objects.filter(pk=obj.pk).first() if change and obj.pk else None
         super().save_model(request, obj, form, change)
         self._audit(request, obj, "admin.change" if change else "admin.add", before=before,
@@ -114,7 +206,11 @@ class ScopedAuditedAdmin(admin.ModelAdmin):
         """Inline rows (members, principals... on a tenant's page) are scoped and audited too."""
         befores = {f.instance.pk: type(f.instance).objects.filter(pk=f.instance.pk).first()
                    for f in formset.forms if f.instance.pk and f.has_changed()}
-        # No scope check per row: an inline's tenant is its parent's (checked with the parent).
+        # An inline's tenant is its parent's (checked with the parent); what its rows point
+        # at (a principal, a user) is checked here.
+        for f in formset.forms:
+            if f.has_changed() and f not in getattr(formset, "deleted_forms", []):
+                check_references(request, f.instance)
         deleted = [(o, self._tenant_of(o), str(o)) for o in getattr(formset, "deleted_objects", [])]
         super().save_formset(request, form, formset, change)
         for f in formset.forms:
@@ -157,7 +253,7 @@ class ScopedAuditedAdmin(admin.ModelAdmin):
         })
 
 
-class PrincipalInline(admin.TabularInline):
+class PrincipalInline(ScopedForeignKeys, admin.TabularInline):
     """A tenant's principals, read on the tenant page."""
 
     model = Principal
@@ -166,7 +262,7 @@ class PrincipalInline(admin.TabularInline):
     readonly_fields = ("active_tasks",)
 
 
-class MembershipInline(admin.TabularInline):
+class MembershipInline(ScopedForeignKeys, admin.TabularInline):
     """A tenant's members and their roles (scopes for MCP tokens, operator role)."""
 
     model = TenantMembership
@@ -176,7 +272,7 @@ class MembershipInline(admin.TabularInline):
     raw_id_fields = ("user",)
 
 
-class ApplicationInline(admin.TabularInline):
+class ApplicationInline(ScopedForeignKeys, admin.TabularInline):
     """A tenant's OAuth applications (their secrets are never shown: DOT stores a hash)."""
 
     model = TenantApplication
@@ -190,7 +286,7 @@ class ApplicationInline(admin.TabularInline):
         return False
 
 
-class IssuerInline(admin.TabularInline):
+class IssuerInline(ScopedForeignKeys, admin.TabularInline):
     """A tenant's external identity providers (edited on their own page: the secret is write-only)."""
 
     model = ExternalIssuer
@@ -232,6 +328,17 @@ class TenantAdmin(ScopedAuditedAdmin):
         """Only operators of every tenant create tenants."""
         return super().has_add_permission(request) and roles.managed_tenant_ids(request.user) is None
 
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        """Suspension, slug, quotas, rate limits and ttl bounds are the operator's decision.
+
+        A tenant admin sees them read-only; read-only fields are not part of the form, so a
+        forged POST that includes them changes nothing.
+        """
+        fields = tuple(super().get_readonly_fields(request, obj))
+        if roles.managed_tenant_ids(request.user) is None:
+            return fields
+        return fields + tuple(f for f in roles.OPERATOR_ONLY_TENANT_FIELDS if f not in fields)
+
 
 @admin.register(Principal)
 class PrincipalAdmin(ScopedAuditedAdmin):
@@ -272,13 +379,43 @@ class ExternalIssuerForm(forms.ModelForm):
             return str(self._stored_secret)
         return value
 
+    #: The request of the operator filling the form (set by ExternalIssuerAdmin.get_form).
+    operator_request: HttpRequest | None = None
+
     def clean(self) -> dict[str, Any]:
-        """Apply the clear checkbox."""
+        """Apply the clear checkbox; hold a tenant admin to its own tenant's identity providers."""
         data = super().clean() or {}
         if data.get("clear_shared_secret"):
             data["shared_secret"] = ""
             self.instance.shared_secret = ""
+        request = self.operator_request
+        if request is not None and roles.managed_tenant_ids(request.user) is not None:
+            self._tenant_admin_rules(request, data)
         return data
+
+    def _tenant_admin_rules(self, request: HttpRequest, data: dict[str, Any]) -> None:
+        tenant = data.get("tenant") or (self.instance.tenant if self.instance.tenant_id else None)
+        issuer = data.get("issuer")
+        if tenant is None:
+            return
+        if issuer and trusted_elsewhere(issuer, tenant.pk):
+            # Which tenant is never said: another tenant's row is indistinguishable from none.
+            self.add_error("issuer", "Only an operator can add or change this issuer: ask your operator.")
+        audience = str(data.get("audience") or "")
+        if audience and not same_resource(normalize_uri(audience), own_endpoint(request, tenant.slug)):
+            self.add_error("audience", f"Leave blank or use this tenant's endpoint, "
+                                       f"{own_endpoint(request, tenant.slug)}.")
+
+
+def trusted_elsewhere(issuer: str, tenant_id: int) -> bool:
+    """Whether a tenant other than ``tenant_id`` has a row for ``issuer`` (such rows are operator-only)."""
+    return ExternalIssuer.objects.filter(issuer=issuer).exclude(tenant_id=tenant_id).exists()
+
+
+def own_endpoint(request: HttpRequest, slug: str) -> str:
+    """The canonical URI of tenant ``slug``'s endpoint as this request sees the server."""
+    here = request.build_absolute_uri(tenant_conf.get().MCP_PATH)
+    return tenant_resource(shared_resource(here), slug)
 
 
 @admin.register(ExternalIssuer)
@@ -289,6 +426,30 @@ class ExternalIssuerAdmin(ScopedAuditedAdmin):
     search_fields = ("issuer", "tenant__slug", "name")
     readonly_fields = ("created_at",)
 
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        """``jwks_url`` is operator-only: it makes the server call a URL (see tenants.outbound)."""
+        fields = tuple(super().get_readonly_fields(request, obj))
+        return fields if roles.managed_tenant_ids(request.user) is None else (*fields, "jwks_url")
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        """The form, knowing its operator (a tenant admin's rules depend on it)."""
+        form = super().get_form(request, obj, change=change, **kwargs)
+        return type(form.__name__, (form,), {"operator_request": request})
+
+    def _operator_only(self, request: HttpRequest, obj: Any) -> bool:
+        # A row whose issuer another tenant trusts too decides which tokens reach which
+        # tenant: only operators of every tenant change it.
+        return (obj is not None and roles.managed_tenant_ids(request.user) is not None
+                and trusted_elsewhere(obj.issuer, obj.tenant_id))
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Also: rows of an issuer another tenant trusts are operator-only."""
+        return super().has_change_permission(request, obj) and not self._operator_only(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Also: rows of an issuer another tenant trusts are operator-only."""
+        return super().has_delete_permission(request, obj) and not self._operator_only(request, obj)
+
 
 @admin.register(TenantApplication)
 class TenantApplicationAdmin(ScopedAuditedAdmin):
@@ -298,6 +459,11 @@ class TenantApplicationAdmin(ScopedAuditedAdmin):
     raw_id_fields = ("application", "principal")
     readonly_fields = ("created_at",)
 
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        """Which OAuth application a link is, is the operator's (``mcptasks_tenant client``)."""
+        fields = tuple(super().get_readonly_fields(request, obj))
+        return fields if roles.managed_tenant_ids(request.user) is None else (*fields, "application")
+
 
 @admin.register(TenantMembership)
 class TenantMembershipAdmin(ScopedAuditedAdmin):
@@ -306,3 +472,115 @@ class TenantMembershipAdmin(ScopedAuditedAdmin):
     search_fields = ("user__username", "tenant__slug")
     raw_id_fields = ("user",)
     readonly_fields = ("created_at",)
+
+
+
+class WebhookEndpointForm(forms.ModelForm):
+    """Events as checkboxes of the known events (the model validates the URL and the principal)."""
+
+    events = forms.MultipleChoiceField(
+        choices=[(e, e) for e in WEBHOOK_EVENTS], widget=forms.CheckboxSelectMultiple,
+        initial=DEFAULT_WEBHOOK_EVENTS,
+    )
+
+    class Meta:
+        model = WebhookEndpoint
+        fields = ("tenant", "principal", "url", "events", "enabled")
+
+
+@admin.register(WebhookEndpoint)
+class WebhookEndpointAdmin(ScopedAuditedAdmin):
+    """Webhook endpoints: the signing secret is shown once (on creation, on rotation), never stored in a page."""
+
+    form = WebhookEndpointForm
+    list_display = ("url", "tenant", "principal", "enabled", "last_success_at", "failing_since", "disabled_reason")
+    list_filter = (TENANT_FILTER, "enabled")
+    list_select_related = ("tenant", "principal")
+    raw_id_fields = ("principal",)
+    readonly_fields = ("created_at", "last_success_at", "failing_since", "disabled_reason",
+                       "previous_secret_expires_at")
+    actions = ["rotate_secrets"]
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        """Warn about endpoints disabled for failing (the operator must fix and re-enable them)."""
+        disabled = self.get_queryset(request).filter(enabled=False).exclude(disabled_reason="")
+        for endpoint in disabled[:10]:
+            self.message_user(request, f"Webhook endpoint {endpoint.url[:80]} was disabled: "
+                                       f"{endpoint.disabled_reason}", messages.WARNING)
+        return super().changelist_view(request, extra_context)
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        """Re-enabling an endpoint clears its failure record (it gets a full retry period again)."""
+        if change and obj.enabled and "enabled" in (form.changed_data or []):
+            obj.disabled_reason, obj.failing_since = "", None
+        super().save_model(request, obj, form, change)
+
+    def response_add(self, request: HttpRequest, obj: Any, post_url_continue: Any = None) -> Any:
+        """The new endpoint's signing secret, shown this once."""
+        return self._secrets_page(request, [obj], "Webhook endpoint added")
+
+    @admin.action(description="Rotate the signing secret (the old one still signs during the overlap)",
+                  permissions=["change"])
+    def rotate_secrets(self, request: HttpRequest, queryset: Any) -> Any:
+        """New secrets for the selected endpoints the operator manages (audited), shown once."""
+        from .services import rotate_webhook_secret
+
+        rotated = []
+        for endpoint in queryset.select_related("tenant"):
+            if not self._manages(request, endpoint):
+                continue
+            rotate_webhook_secret(endpoint=endpoint)
+            self._emit(request, "admin.change", endpoint.tenant_id, endpoint, str(endpoint),
+                       {"secret": "(secret rotated)"})
+            rotated.append(endpoint)
+        return self._secrets_page(request, rotated, "Signing secrets rotated")
+
+    def _secrets_page(self, request: HttpRequest, endpoints: list[Any], title: str) -> Any:
+        from django.template.response import TemplateResponse
+
+        response = TemplateResponse(request, "admin/tenants/webhookendpoint/secret.html", {
+            **self.admin_site.each_context(request), "title": title, "endpoints": endpoints,
+            "opts": self.model._meta,
+        })
+        response["Cache-Control"] = "no-store"
+        return response
+
+
+class OperatorOnly:
+    """django-oauth-toolkit's own admins (every tenant's applications, tokens and grants): superusers only.
+
+    Their rows are not tenant-scoped, so no tenant admin or auditor may open them even if an
+    operator hands out the model permissions; tenants' applications are edited through
+    :class:`TenantApplicationAdmin` and the tenant page instead.
+    """
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        """Superusers only."""
+        return bool(request.user.is_superuser) and super().has_module_permission(request)  # type: ignore[misc]
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Superusers only."""
+        return bool(request.user.is_superuser) and super().has_view_permission(request, obj)  # type: ignore[misc]
+
+    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
+        """Superusers only."""
+        return bool(request.user.is_superuser) and super().has_add_permission(request, *args)  # type: ignore[misc]
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Superusers only."""
+        return bool(request.user.is_superuser) and super().has_change_permission(request, obj)  # type: ignore[misc]
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Superusers only."""
+        return bool(request.user.is_superuser) and super().has_delete_permission(request, obj)  # type: ignore[misc]
+
+
+def _operator_only_dot_admins(site: admin.AdminSite) -> None:
+    for model, model_admin in list(site._registry.items()):
+        if model._meta.app_label != "oauth2_provider" or isinstance(model_admin, OperatorOnly):
+            continue
+        site.unregister(model)
+        site.register(model, type(f"OperatorOnly{type(model_admin).__name__}", (OperatorOnly, type(model_admin)), {}))
+
+
+_operator_only_dot_admins(admin.site)

@@ -239,6 +239,11 @@ def _builtin_token_context(*, token: str, resource_url: str) -> AuthContext:
             tenant=tenant, kind=Principal.Kind.USER, identifier=user.get_username(), name=user.get_username()
         )
     elif link.principal is not None:
+        if link.principal.tenant_id != tenant.pk:
+            # A link to another tenant's principal (a forged or raw write) never acts as it.
+            logger.warning("token %s refused: application %s names a principal of another tenant",
+                           ref, application.pk)
+            raise _unauthorized(resource_url=resource_url, message="Client is not registered with a tenant")
         principal = link.principal
     else:
         principal = get_or_create_principal(

@@ -61,14 +61,29 @@ def list_tenants() -> list[str]:
 
 def app(
     *, slug: str, name: str, grant: str = "client-credentials", redirect_uris: list[str] | None = None,
-    scopes: list[str] | None = None,
+    scopes: list[str] | None = None, owner: str | None = None,
 ) -> list[str]:
-    """Register an OAuth application of ``slug`` granted ``scopes``; prints client_id (and a secret, once)."""
+    """Register an OAuth application of ``slug`` granted ``scopes``; prints client_id (and a secret, once).
+
+    ``owner`` (client credentials only) is the username of the operator the application's tokens
+    act for on the audit-review API (with ``audit:read``; the API checks the role each request).
+    """
+    from django.contrib.auth import get_user_model
+
     tenant = _tenant(slug)
     if scopes:
         _known(scopes)
+    if owner is not None and grant != "client-credentials":
+        raise CliError("--owner is for client-credentials applications (authorization-code tokens act for "
+                       "the signed-in user)")
+    owner_user = None
+    if owner is not None:
+        owner_user = get_user_model().objects.filter(username=owner).first()
+        if owner_user is None:
+            raise CliError(f"unknown user {owner!r}")
     if grant == "client-credentials":
-        link, secret = create_client_application(tenant=tenant, principal_name=name, scopes=scopes)
+        link, secret = create_client_application(tenant=tenant, principal_name=name, scopes=scopes,
+                                                 owner=owner_user)
         return [f"client_id={link.application.client_id}", f"client_secret={secret}"]
     if not redirect_uris:
         raise CliError("--redirect-uri is required for authorization-code applications")
@@ -91,11 +106,11 @@ def recount(*, slug: str | None = None) -> list[str]:
 
 
 def _known(scopes: list[str]) -> None:
-    from .conf import MCP_SCOPES
+    from .conf import KNOWN_SCOPES
 
-    unknown = [s for s in scopes if s not in MCP_SCOPES]
+    unknown = [s for s in scopes if s not in KNOWN_SCOPES]
     if unknown:
-        raise CliError(f"unknown scope(s): {' '.join(unknown)}; known: {' '.join(MCP_SCOPES)}")
+        raise CliError(f"unknown scope(s): {' '.join(unknown)}; known: {' '.join(KNOWN_SCOPES)}")
 
 
 def member(*, slug: str, username: str, scopes: list[str] | None = None) -> list[str]:
@@ -136,3 +151,56 @@ def operator(*, username: str, role: str, slug: str | None) -> list[str]:
         raise CliError(str(exc)) from None
     where = f"tenant {slug}" if slug else "every tenant"
     return [*lines, f"{username} is now {'an auditor' if role == 'auditor' else 'a tenant admin'} of {where}"]
+
+
+def webhook_add(*, slug: str, url: str, principal: str | None = None, events: list[str] | None = None) -> list[str]:
+    """Register a webhook endpoint of ``slug``; its signing secret (``whsec_…``) is the last line."""
+    from django.core.exceptions import ValidationError
+
+    from .models import WEBHOOK_EVENTS, Principal
+    from .services import add_webhook_endpoint
+
+    tenant = _tenant(slug)
+    who = None
+    if principal is not None:
+        # By name (what `token --principal NAME` set), else by raw identifier (a client_id, a sub).
+        who = (Principal.objects.filter(tenant=tenant, name=principal).order_by("pk").first()
+               or Principal.objects.filter(tenant=tenant, identifier=principal).order_by("pk").first())
+        if who is None:
+            raise CliError(f"no principal {principal!r} in tenant {slug}")
+    unknown = [e for e in events or [] if e not in WEBHOOK_EVENTS]
+    if unknown:
+        raise CliError(f"unknown event(s): {' '.join(unknown)}; known: {' '.join(WEBHOOK_EVENTS)}")
+    try:
+        endpoint = add_webhook_endpoint(tenant=tenant, url=url, principal=who, events=events)
+    except ValidationError as exc:
+        raise CliError("; ".join(exc.messages)) from None
+    return [
+        f"webhook endpoint {endpoint.pk} of tenant {slug}{f', principal {principal}' if principal else ''}: "
+        f"{' '.join(endpoint.events)}",
+        "# signing secret (shown once):",
+        endpoint.secret,
+    ]
+
+
+def webhook_rotate(*, endpoint_id: int) -> list[str]:
+    """Rotate an endpoint's signing secret; the new secret is the last line."""
+    from .models import WebhookEndpoint
+    from .services import rotate_webhook_secret
+
+    endpoint = WebhookEndpoint.objects.filter(pk=endpoint_id).first()
+    if endpoint is None:
+        raise CliError(f"no webhook endpoint {endpoint_id}")
+    secret = rotate_webhook_secret(endpoint=endpoint)
+    return [f"webhook endpoint {endpoint.pk}: new signing secret (the old one signs too until "
+            f"{endpoint.previous_secret_expires_at:%Y-%m-%dT%H:%M:%SZ}):", secret]
+
+
+def webhook_list(*, slug: str) -> list[str]:
+    """One line per webhook endpoint of ``slug`` (never the secret)."""
+    tenant = _tenant(slug)
+    return [
+        f"{e.pk}\t{'enabled' if e.enabled else 'disabled'}\t{e.url}\t{e.principal if e.principal else '*'}"
+        f"\t{' '.join(e.events)}"
+        for e in tenant.webhook_endpoints.select_related("principal").order_by("pk")
+    ] or ["(no webhook endpoints)"]

@@ -11,6 +11,10 @@ from .typed_settings import Loader, setting
 MCP_SCOPES: tuple[str, ...] = ("mcp:tools", "mcp:tasks", "mcp:tasks:tenant")
 #: Scopes advertised in WWW-Authenticate challenges when no particular scope is needed.
 DEFAULT_CHALLENGE_SCOPES: tuple[str, ...] = ("mcp:tools", "mcp:tasks")
+#: Scope of a token that reads the audit-review API (``/api/``) for an auditor or tenant admin.
+AUDIT_READ_SCOPE = "audit:read"
+#: Every scope an operator may grant an application or membership.
+KNOWN_SCOPES: tuple[str, ...] = (*MCP_SCOPES, AUDIT_READ_SCOPE)
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,11 @@ class TenantSettings:
     TASK_MAX_TTL_MS: int = setting(
         86_400_000, "Requested ttls are clamped to this (per-tenant override). The actual ttl is returned."
     )
+    TASK_MAX_CONCURRENT: int = setting(
+        100,
+        "Non-terminal tasks (task-augmented and plain calls) of a tenant whose own `max_concurrent_tasks` is empty: "
+        "no tenant, new or existing, is unlimited by accident. A tenant's own limit wins. `0`: empty means unlimited.",
+    )
     TASK_POLL_INTERVAL_MS: int = setting(1000, "`pollInterval` suggested to clients (per-tenant override).")
     BUILTIN_AS: bool = setting(
         True,
@@ -53,6 +62,16 @@ class TenantSettings:
         30.0, "A JWKS URL that failed is not tried again for this long: its tokens fail fast."
     )
     JWKS_ALLOW_HTTP: bool = setting(False, "Allow plain-http JWKS URLs on non-loopback hosts.")
+    OUTBOUND_ALLOWED_NETWORKS: tuple[str, ...] = setting(
+        (),
+        "Comma-separated CIDRs the service's own outbound HTTP calls (JWKS fetches, later webhooks) may reach "
+        "beyond global unicast addresses, e.g. `10.20.0.0/16`. Empty: loopback, private, link-local and "
+        "metadata addresses are refused (checked on the resolved address at connect time).",
+    )
+    WEBHOOK_SECRET_OVERLAP_S: float = setting(
+        24 * 3600.0,
+        "After a webhook secret is rotated, deliveries carry signatures with the old and the new secret this long.",
+    )
     LIMITS_CACHE_S: float = setting(
         1.0,
         "Each process re-reads a tenant's limits at least this often (admin edits apply without restart).",
@@ -79,10 +98,26 @@ class TenantSettings:
     LOGIN_MAX_FAILURES_PER_IP: int = setting(
         50, "Failed sign-ins allowed per client address within `MCPTASKS_LOGIN_WINDOW_S`; then 429."
     )
-    LOGIN_MAX_FAILURES_PER_USER: int = setting(
-        10, "Failed sign-ins allowed per username within `MCPTASKS_LOGIN_WINDOW_S`; then 429."
+    LOGIN_FREE_FAILURES: int = setting(
+        3,
+        "Failed sign-ins per username and client address before each further attempt from that address must wait "
+        "(`MCPTASKS_LOGIN_DELAY_BASE_S`, doubling per failure). An account is never locked: its owner signs in "
+        "from another address.",
     )
-    LOGIN_WINDOW_S: int = setting(900, "Window of the sign-in failure counters.")
+    LOGIN_DELAY_BASE_S: float = setting(1.0, "First wait after the free failures; it doubles with each further one.")
+    LOGIN_DELAY_MAX_S: float = setting(300.0, "Longest wait between sign-in attempts of one username and address.")
+    LOGIN_WINDOW_S: int = setting(
+        900, "Window of the sign-in failure counters (a username and address without failures for this long starts "
+        "afresh)."
+    )
+    TRUSTED_PROXIES: tuple[str, ...] = setting(
+        (),
+        "CIDRs of the reverse proxies in front of the server (comma-separated, e.g. `127.0.0.1/32,10.0.0.0/8`). "
+        "Only when the direct peer is one of them is `X-Forwarded-For` read (rightmost hop that is not a trusted "
+        "proxy) for the client address of the sign-in throttle, the audit and `/metrics`. Empty: the peer is the "
+        "client. See [operations](operations.md#running-behind-a-tls-proxy).",
+        shown="empty",
+    )
     REDIS_OP_TIMEOUT_S: float = setting(
         0.25,
         "Budget of one Redis operation of the rate limiter (connect, wait for a pooled connection, read); "

@@ -30,10 +30,10 @@ from urllib.parse import urlsplit
 import jwt
 from django.core.cache import cache
 
-from . import conf
+from . import conf, outbound
 from .conf import canonical_resource, resource_tenant, same_resource, shared_resource, tenant_resource
 from .context import AuthContext
-from .models import ExternalIssuer, Principal
+from .models import LEEWAY_S_LIMIT, ExternalIssuer, Principal
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +99,8 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         raise JwksUnavailable("JWKS URL redirects; redirects are not followed")
 
 
-_OPENER = urllib.request.build_opener(_NoRedirects)
+#: Every connection goes through the outbound-address policy (tenants.outbound).
+_OPENER = outbound.build_opener(_NoRedirects)
 
 
 def _cache_key(url: str, kind: str) -> str:
@@ -255,10 +256,16 @@ def _resolve_key(issuer: ExternalIssuer, *, kid: str | None, alg: str) -> Any:
                 key = _pick_key(get_jwks(issuer.jwks_url, refresh=True), kid=kid, alg=alg)
         except JwksUnavailable as exc:
             logger.warning("issuer %s: %s", issuer.pk, exc)
-            raise JwtRejected(f"JWKS unavailable: {exc}", "Token signing keys are unavailable") from None
+            # The same public answer as an unknown key: the caller must not learn whether
+            # (or how) the JWKS URL answered.
+            raise JwtRejected(f"JWKS unavailable: {exc}", _NO_KEY) from None
         if key is not None:
             return key
-    raise JwtRejected(f"no key for kid={kid!r} alg={alg}", "Token signed with an unknown key")
+    raise JwtRejected(f"no key for kid={kid!r} alg={alg}", _NO_KEY)
+
+
+#: The one public answer when no key verifies a token, whatever the JWKS URL did.
+_NO_KEY = "Token signed with an unknown key"
 
 
 def _scopes(issuer: ExternalIssuer, claims: dict[str, Any]) -> frozenset[str]:
@@ -295,7 +302,7 @@ def _verify_with(
             algorithms=[alg],
             audience=audience,
             issuer=issuer.issuer,
-            leeway=issuer.leeway_s,
+            leeway=min(issuer.leeway_s, LEEWAY_S_LIMIT),  # a row stored before the bound
             options={"require": ["exp", "iss", "aud"], "verify_signature": True},
         )
     except jwt.ExpiredSignatureError:
@@ -333,12 +340,12 @@ def verify_external_jwt(*, token: str, resource_url: str) -> AuthContext:
     iss = unverified.get("iss")
     if not isinstance(iss, str):
         raise JwtRejected("no iss")
-    rows = ExternalIssuer.objects.select_related("tenant").filter(issuer=iss, active=True, tenant__active=True)
+    rows = list(
+        ExternalIssuer.objects.select_related("tenant").filter(issuer=iss, active=True, tenant__active=True)[:100]
+    )
     wanted_slug = resource_tenant(resource_url)
-    if wanted_slug is not None:
-        # A tenant's own endpoint: only that tenant's issuers are candidates.
-        rows = rows.filter(tenant__slug=wanted_slug)
-    issuers = list(rows)
+    # A tenant's own endpoint: only that tenant's issuers may admit the token...
+    issuers = [r for r in rows if wanted_slug is None or r.tenant.slug == wanted_slug]
     if not issuers:
         raise JwtRejected("unknown issuer")
     if len(issuers) > 1 and any(not i.tenant_claim for i in issuers):
@@ -349,17 +356,20 @@ def verify_external_jwt(*, token: str, resource_url: str) -> AuthContext:
         raise JwtRejected("ambiguous issuer configuration", "Token issuer is not configured unambiguously")
     first_error: JwtRejected | None = None
     matches: list[tuple[ExternalIssuer, dict[str, Any]]] = []
-    for issuer in issuers:
+    # ...but every tenant's rows are tried: a token that another tenant's row verifies too is
+    # ambiguous (a copied row must not capture it, here or at the shared endpoint).
+    for issuer in sorted(rows, key=lambda r: r not in issuers):
         try:
             matches.append((issuer, _verify_with(issuer, token=token, header=header, resource_url=resource_url)))
         except JwtRejected as exc:
-            first_error = first_error or exc
+            if issuer in issuers:
+                first_error = first_error or exc
     if len(matches) > 1:
         logger.warning("a token of issuer %r verifies for %d tenants: refused", iss[:200], len(matches))
         raise JwtRejected("token matches several tenants", "Token issuer is not configured unambiguously")
+    matches = [m for m in matches if m[0] in issuers]
     if not matches:
-        assert first_error is not None
-        raise first_error
+        raise first_error or JwtRejected("verified only for another tenant", "Access token is not for this tenant")
     issuer, claims = matches[0]
     subject = claims.get(issuer.principal_claim)
     if not isinstance(subject, str) or not subject:

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from django.conf import settings
 
 from . import conf
+from . import redis_url as redis_urls
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +153,23 @@ def key(name: str) -> str:
     return f"{getattr(settings, 'CHANNEL_PREFIX', 'mcptasks')}:{name}"
 
 
+#: TCP keepalive of Redis connections: probes after this many idle seconds, every 10 s, 3 lost
+#: probes close it. A Redis host gone without FIN/RST is noticed in about a minute instead of
+#: the OS default (about two hours).
+KEEPALIVE_IDLE_S = 30
+
+
+def keepalive_options() -> dict[str, Any]:
+    """redis-py connection options turning TCP keepalives on, with short probe timings."""
+    import socket
+
+    timings = {"TCP_KEEPIDLE": KEEPALIVE_IDLE_S, "TCP_KEEPINTVL": 10, "TCP_KEEPCNT": 3}
+    return {
+        "socket_keepalive": True,
+        "socket_keepalive_options": {getattr(socket, k): v for k, v in timings.items() if hasattr(socket, k)},
+    }
+
+
 def _pool_options() -> dict[str, Any]:
     """One bounded pool's options, for the sync client and each loop's async client."""
     s = conf.get()
@@ -162,7 +180,18 @@ def _pool_options() -> dict[str, Any]:
         "socket_timeout": s.REDIS_OP_TIMEOUT_S,
         "socket_connect_timeout": s.REDIS_OP_TIMEOUT_S,
         "health_check_interval": 30,
+        **keepalive_options(),
     }
+
+
+_refused_urls: set[str] = set()
+
+
+def _refused(url: str, exc: Exception) -> None:
+    """Log once per URL that ``REDIS_URL`` is unusable (the message carries no credential)."""
+    if url not in _refused_urls:
+        _refused_urls.add(url)
+        logger.error("%s; rate limits and poll notes stay in this process", exc)
 
 
 def client() -> Any:
@@ -175,7 +204,12 @@ def client() -> Any:
         if _client is None or _client_url != url:
             import redis
 
-            pool = redis.BlockingConnectionPool.from_url(url, **_pool_options())
+            try:
+                pool = redis_urls.sync_pool(url, **_pool_options())
+            except redis_urls.RedisURLError as exc:
+                # Refused by ``manage.py check``; a process started anyway runs on the local store.
+                _refused(url, exc)
+                return None
             _client = redis.Redis(connection_pool=pool)
             _client_url = url
         return _client
@@ -191,6 +225,17 @@ def pool_stats() -> dict[str, int]:
     # The pool's queue holds idle connections and None placeholders for ones never made.
     idle = len([x for x in list(getattr(getattr(pool, "pool", None), "queue", ())) if x is not None])
     return {"open": created, "in_use": max(0, created - idle), "max": int(pool.max_connections)}
+
+
+def apool_stats() -> dict[str, int]:
+    """Connections of the async clients, summed over event loops: ``open``, ``in_use``, ``max`` (per loop)."""
+    opened = in_use = 0
+    for _url, c in list(_aclients.values()):
+        pool = c.connection_pool
+        busy = len(getattr(pool, "_in_use_connections", ()) or ())
+        opened += busy + len(getattr(pool, "_available_connections", ()) or ())
+        in_use += busy
+    return {"open": opened, "in_use": in_use, "max": conf.get().REDIS_POOL_SIZE}
 
 
 def call(op: Callable[[Any], T], *, fallback: Callable[[LocalStore], T]) -> T:
@@ -229,7 +274,12 @@ def aclient() -> Any:
         return hit[1]
     import redis.asyncio as aredis
 
-    c = aredis.Redis(connection_pool=aredis.BlockingConnectionPool.from_url(url, **_pool_options()))
+    try:
+        pool = redis_urls.async_pool(url, **_pool_options())
+    except redis_urls.RedisURLError as exc:
+        _refused(url, exc)
+        return None
+    c = aredis.Redis(connection_pool=pool)
     _aclients[loop] = (url, c)
     return c
 

@@ -7,12 +7,15 @@
 * **Users act only in tenants they belong to.** The authorization endpoint shows a non-member
   an error page (audited) instead of the consent form, and the resource server refuses tokens
   of users who are not (or no longer) members.
-* **Sign-in is throttled** per client address and per username.
+* **Sign-in slows down** per username and client address (a wait that doubles with each
+  failure), and each client address has a failure budget; accounts are never locked.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
+import time
 from typing import Any
 
 from django.contrib.auth import views as auth_views
@@ -21,7 +24,7 @@ from django.shortcuts import render
 from oauth2_provider.oauth2_validators import OAuth2Validator
 from oauth2_provider.views import AuthorizationView
 
-from . import conf, kv
+from . import clientaddr, conf, kv
 from .models import TenantApplication, TenantMembership
 from .signals import emit
 
@@ -109,39 +112,73 @@ class TenantAuthorizationView(AuthorizationView):
         return self._refuse_non_member(request) or super().post(request, *args, **kwargs)
 
 
-def _client_ip(request: HttpRequest) -> str:
-    return str(request.META.get("REMOTE_ADDR", ""))[:64]
+def _digest(text: str) -> str:
+    # Client strings never become keys: a username or an address only as its hash.
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
-def _throttle_keys(request: HttpRequest, username: str | None = None) -> list[tuple[str, int]]:
-    s = conf.get()
+def _keys(request: HttpRequest, username: str | None) -> tuple[str, str, str]:
+    """(address budget key, username+address failure counter key, username+address wait key)."""
     username = str(request.POST.get("username", "") if username is None else username)[:150].lower()
-    digest = hashlib.sha256(username.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-    prefix = "login"
-    return [
-        (f"{prefix}:ip:{hashlib.sha256(_client_ip(request).encode()).hexdigest()[:32]}", s.LOGIN_MAX_FAILURES_PER_IP),
-        (f"{prefix}:user:{digest}", s.LOGIN_MAX_FAILURES_PER_USER),
-    ]
+    address = _digest(clientaddr.from_request(request))
+    pair = _digest(f"{username}\x00{address}")
+    return f"login:ip:{address}", f"login:fails:{pair}", f"login:wait:{pair}"
 
 
 def _failures(key: str) -> int:
     return int(kv.call(lambda r: r.get(kv.key(key)) or 0, fallback=lambda store: store.get(kv.key(key)) or 0))
 
 
-def _count_failure(key: str) -> None:
+def _count_failure(key: str, *, sliding: bool = False) -> int:
+    """Add a failure; the count lapses ``LOGIN_WINDOW_S`` after the first one, or with
+    ``sliding`` after the latest one (in-process fallback: after the first)."""
     window = conf.get().LOGIN_WINDOW_S
 
-    def remote(r: Any) -> None:
+    def remote(r: Any) -> int:
         pipe = r.pipeline(transaction=False)
         pipe.incr(kv.key(key))
-        pipe.expire(kv.key(key), window, nx=True)
-        pipe.execute()
+        pipe.expire(kv.key(key), window, nx=not sliding)
+        return int(pipe.execute()[0])
 
-    kv.call(remote, fallback=lambda store: store.incr(kv.key(key), ttl_s=window) and None)
+    return kv.call(remote, fallback=lambda store: store.incr(kv.key(key), ttl_s=window))
+
+
+def _wait_until(key: str) -> float:
+    value = kv.call(lambda r: r.get(kv.key(key)), fallback=lambda store: store.get(kv.key(key)))
+    try:
+        return float(value or 0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _set_wait(key: str, until: float, seconds: float) -> None:
+    ttl = max(1, math.ceil(seconds))
+    kv.call(lambda r: r.set(kv.key(key), repr(until), ex=ttl),
+            fallback=lambda store: store.getset(kv.key(key), repr(until), ttl_s=ttl) and None)
+
+
+def _forget(*keys: str) -> None:
+    def remote(r: Any) -> None:
+        r.delete(*(kv.key(k) for k in keys))
+
+    def local(store: Any) -> None:
+        for k in keys:
+            store.getset(kv.key(k), None, ttl_s=0)  # expired at once: forgotten
+
+    kv.call(remote, fallback=local)
+
+
+def sign_in_delay(failures: int) -> float:
+    """Seconds the next attempt must wait after ``failures`` failed ones (0 while free)."""
+    s = conf.get()
+    extra = failures - s.LOGIN_FREE_FAILURES
+    if extra < 0:
+        return 0.0
+    return float(min(s.LOGIN_DELAY_MAX_S, s.LOGIN_DELAY_BASE_S * 2 ** min(extra, 40)))
 
 
 class ThrottledLoginView(auth_views.LoginView):
-    """Django's sign-in, refusing (429) after too many failures per address or per username."""
+    """Django's sign-in, refusing (429) while a username+address waits or an address is out of budget."""
 
     def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         """Check the failure budgets before looking at the password at all."""
@@ -150,38 +187,65 @@ class ThrottledLoginView(auth_views.LoginView):
         return super().post(request, *args, **kwargs)
 
     def form_invalid(self, form: Any) -> HttpResponse:
-        """Count the failure against both budgets."""
+        """Count the failure (address budget, username+address wait)."""
         sign_in_failed(self.request)
         return super().form_invalid(form)
 
+    def form_valid(self, form: Any) -> HttpResponse:
+        """Forget this username's failures from this address."""
+        sign_in_succeeded(self.request)
+        return super().form_valid(form)
+
 
 def sign_in_refused(request: HttpRequest, username: str | None = None) -> bool:
-    """Whether this address or username has used up its failed sign-in budget (then emit why).
+    """Whether this sign-in must not even look at the password (then emit why).
 
-    The budgets are shared by every way to sign in with a password: the sign-in page, the
-    admin's and HTTP Basic credentials on the audit API.
+    Refused while the username, from this client address, is still waiting after its last
+    failure (the wait grows with each failure: :func:`sign_in_delay`), or when the address used
+    up its failure budget. Never because of failures from *other* addresses: an attacker's
+    wrong passwords slow the attacker down, not the account's owner. The rules are shared by
+    every way to sign in with a password: the sign-in page, the admin's and HTTP Basic
+    credentials on the audit API.
     """
-    for key, limit in _throttle_keys(request, username):
-        if _failures(key) >= limit:
-            emit(action="login.throttled", tenant_id=None, data={"kind": key.split(":")[1]})
-            return True
+    ip_key, _fails_key, wait_key = _keys(request, username)
+    remaining = _wait_until(wait_key) - time.time()
+    if remaining > 0:
+        wait_s = max(1, math.ceil(round(remaining, 3)))  # not 3 s for a float hair above 2
+        request.sign_in_retry_after = wait_s  # type: ignore[attr-defined]
+        emit(action="login.throttled", tenant_id=None, data={"kind": "delay", "wait_s": wait_s})
+        return True
+    if _failures(ip_key) >= conf.get().LOGIN_MAX_FAILURES_PER_IP:
+        request.sign_in_retry_after = conf.get().LOGIN_WINDOW_S  # type: ignore[attr-defined]
+        emit(action="login.throttled", tenant_id=None, data={"kind": "ip"})
+        return True
     return False
 
 
 def too_many_sign_ins(request: HttpRequest) -> HttpResponse:
-    """The 429 page of a used-up sign-in budget."""
+    """The 429 page of a sign-in that must wait."""
     response = render(request, "tenants/oauth_error.html",
                       {"title": "Too many sign-in attempts",
-                       "message": "Too many failed sign-ins. Wait a few minutes and try again."},
+                       "message": "Too many failed sign-ins. Wait a little and try again."},
                       status=429)
-    response["Retry-After"] = str(conf.get().LOGIN_WINDOW_S)
+    response["Retry-After"] = str(getattr(request, "sign_in_retry_after", conf.get().LOGIN_WINDOW_S))
     return response
 
 
 def sign_in_failed(request: HttpRequest, username: str | None = None) -> None:
-    """Count one failed password sign-in against the address's and the username's budgets."""
-    for key, _limit in _throttle_keys(request, username):
-        _count_failure(key)
+    """Count one failed password sign-in: against the address's budget, and the username's
+    failures from this address (which set the wait before its next attempt)."""
+    ip_key, fails_key, wait_key = _keys(request, username)
+    _count_failure(ip_key)
+    # Sliding: an attacker who keeps guessing keeps growing the wait; a quiet window resets it.
+    delay = sign_in_delay(_count_failure(fails_key, sliding=True))
+    if delay > 0:
+        _set_wait(wait_key, time.time() + delay, delay)
+
+
+def sign_in_succeeded(request: HttpRequest, username: str | None = None) -> None:
+    """A correct password: this username's failures from this address are forgotten."""
+    _ip_key, fails_key, wait_key = _keys(request, username)
+    _forget(fails_key, wait_key)
 
 
 def throttled_admin_login(view: Any) -> Any:
@@ -194,6 +258,8 @@ def throttled_admin_login(view: Any) -> Any:
         # The admin answers a failed sign-in by showing the form again (200); success redirects.
         if request.method == "POST" and response.status_code == 200:
             sign_in_failed(request)
+        elif request.method == "POST" and response.status_code == 302:
+            sign_in_succeeded(request)
         return response
 
     return login

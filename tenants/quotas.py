@@ -16,8 +16,14 @@ from django.db import transaction
 from django.db.models import F, Value
 from django.db.models.functions import Greatest
 
+from . import conf
 from .exceptions import QuotaExceeded
 from .models import Principal, Tenant
+
+
+def default_tenant_limit() -> int | None:
+    """The concurrency limit of a tenant without one of its own (``MCPTASKS_TASK_MAX_CONCURRENT``; 0: none)."""
+    return conf.get().TASK_MAX_CONCURRENT or None
 
 
 def acquire_task_slot(*, tenant_id: int, principal_id: int) -> None:
@@ -37,18 +43,22 @@ def acquire_task_slot(*, tenant_id: int, principal_id: int) -> None:
     if not connection.in_atomic_block:
         raise RuntimeError("acquire_task_slot() must be called inside transaction.atomic()")
     tenant_table, principal_table = _table(Tenant), _table(Principal)
+    fallback = default_tenant_limit()
     with connection.cursor() as cursor:
-        # Identifiers come from the models' metadata; values are bound parameters.
+        # Identifiers come from the models' metadata; values are bound parameters. A tenant
+        # without a limit of its own gets the process-wide default (None: unlimited).
         cursor.execute(
             f"UPDATE {tenant_table} SET active_tasks = active_tasks + 1 "  # noqa: S608
-            "WHERE id = %s AND (max_concurrent_tasks IS NULL OR active_tasks < max_concurrent_tasks) "
+            "WHERE id = %s AND (COALESCE(max_concurrent_tasks, CAST(%s AS INTEGER)) IS NULL "
+            "OR active_tasks < COALESCE(max_concurrent_tasks, CAST(%s AS INTEGER))) "
             "RETURNING max_concurrent_tasks_per_principal",
-            [tenant_id],
+            [tenant_id, fallback, fallback],
         )
         took = cursor.fetchone()
         if took is None:
-            limit = Tenant.objects.filter(pk=tenant_id).values_list("max_concurrent_tasks", flat=True).first()
-            if limit is None and not Tenant.objects.filter(pk=tenant_id).exists():
+            own = Tenant.objects.filter(pk=tenant_id).values_list("max_concurrent_tasks", flat=True).first()
+            limit = own if own is not None else fallback
+            if own is None and not Tenant.objects.filter(pk=tenant_id).exists():
                 raise QuotaExceeded("Unknown tenant", {"limit": 0, "scope": "tenant"})
             raise QuotaExceeded(
                 f"Too many concurrent tasks for this tenant (limit {limit}); "

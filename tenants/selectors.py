@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from . import conf
 from . import conf as tenant_conf
-from .models import Tenant
+from .models import POLL_INTERVAL_MS_LIMIT, TTL_MS_LIMIT, Tenant
 
 _LIMIT_FIELDS = (
     "max_concurrent_tasks",
@@ -90,16 +90,27 @@ def effective_limits(*, tenant_id: int) -> TaskLimits:
 
 
 def limits_of(row: TenantRow) -> TaskLimits:
-    """The task limits of a tenant row (no I/O; see :func:`effective_limits`)."""
+    """The task limits of a tenant row (no I/O; see :func:`effective_limits`).
+
+    ttls and pollInterval are clamped to their hard bounds (``tenants.models``), whatever the
+    row or the global setting holds: a huge stored bound must never become a datetime overflow
+    (-32603) on task creation.
+    """
     g = tenant_conf.get()
     max_ttl = row.max_ttl_ms if row.max_ttl_ms is not None else g.TASK_MAX_TTL_MS
     default_ttl = row.default_ttl_ms if row.default_ttl_ms is not None else g.TASK_DEFAULT_TTL_MS
+    poll = row.poll_interval_ms if row.poll_interval_ms is not None else g.TASK_POLL_INTERVAL_MS
+    max_ttl = _clamp(max_ttl, TTL_MS_LIMIT)
     return TaskLimits(
-        default_ttl_ms=min(default_ttl, max_ttl),
+        default_ttl_ms=min(_clamp(default_ttl, TTL_MS_LIMIT), max_ttl),
         max_ttl_ms=max_ttl,
-        poll_interval_ms=row.poll_interval_ms
-        if row.poll_interval_ms is not None
-        else g.TASK_POLL_INTERVAL_MS,
-        max_concurrent_tasks=row.max_concurrent_tasks,
+        poll_interval_ms=_clamp(poll, POLL_INTERVAL_MS_LIMIT),
+        max_concurrent_tasks=row.max_concurrent_tasks
+        if row.max_concurrent_tasks is not None
+        else (g.TASK_MAX_CONCURRENT or None),
         max_concurrent_tasks_per_principal=row.max_concurrent_tasks_per_principal,
     )
+
+
+def _clamp(value: int, bound: int) -> int:
+    return max(0, min(int(value), bound))

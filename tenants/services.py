@@ -12,8 +12,16 @@ from oauth2_provider.models import get_access_token_model, get_application_model
 from oauth2_provider.settings import oauth2_settings
 
 from . import conf as tenant_conf
-from .conf import MCP_SCOPES, normalize_uri
-from .models import LEAST_PRIVILEGE_SCOPES, Principal, Tenant, TenantApplication, TenantMembership
+from .conf import KNOWN_SCOPES, normalize_uri
+from .models import (
+    LEAST_PRIVILEGE_SCOPES,
+    Principal,
+    Tenant,
+    TenantApplication,
+    TenantMembership,
+    WebhookEndpoint,
+    new_webhook_secret,
+)
 
 ANONYMOUS_IDENTIFIER = "anonymous"
 
@@ -53,20 +61,21 @@ def anonymous_principal(*, tenant: Tenant) -> Principal:
 
 
 def _check_scopes(scopes: list[str]) -> list[str]:
-    unknown = [s for s in scopes if s not in MCP_SCOPES]
+    unknown = [s for s in scopes if s not in KNOWN_SCOPES]
     if unknown:
-        raise ValueError(f"unknown scope(s): {' '.join(unknown)}; known: {' '.join(MCP_SCOPES)}")
+        raise ValueError(f"unknown scope(s): {' '.join(unknown)}; known: {' '.join(KNOWN_SCOPES)}")
     return scopes
 
 
 def create_client_application(
-    *, tenant: Tenant, principal_name: str, scopes: list[str] | None = None
+    *, tenant: Tenant, principal_name: str, scopes: list[str] | None = None, owner: Any = None
 ) -> tuple[TenantApplication, str]:
     """A confidential client-credentials application of ``tenant`` and its client principal.
 
     ``scopes`` are the scopes the operator grants it (default: the least privilege,
-    ``mcp:tools mcp:tasks``). Returns the link row and the client secret in plaintext (stored
-    hashed; shown only once).
+    ``mcp:tools mcp:tasks``). ``owner`` is the Django user it acts for on the audit-review API
+    (an auditor's application with ``audit:read``: the API checks the owner's role each request).
+    Returns the link row and the client secret in plaintext (stored hashed; shown only once).
     """
     app_model = get_application_model()
     secret = secrets.token_urlsafe(32)
@@ -77,6 +86,7 @@ def create_client_application(
             authorization_grant_type=app_model.GRANT_CLIENT_CREDENTIALS,
             client_secret=secret,
             hash_client_secret=True,
+            user=owner,
         )
         principal = get_or_create_principal(
             tenant=tenant, kind=Principal.Kind.CLIENT, identifier=app.client_id, name=principal_name
@@ -211,3 +221,28 @@ def grant_operator_role(*, user: Any, tenant: Tenant | None, role: str) -> None:
                                                              codename="audit_all_tenants"))
         else:
             TenantMembership.objects.update_or_create(tenant=tenant, user=user, defaults={"role": role})
+
+
+def add_webhook_endpoint(
+    *, tenant: Tenant, url: str, principal: Principal | None = None, events: list[str] | None = None
+) -> WebhookEndpoint:
+    """Register a webhook endpoint of ``tenant`` (validated like the admin form); its secret is new."""
+    endpoint = WebhookEndpoint(tenant=tenant, principal=principal, url=url)
+    if events:
+        endpoint.events = list(dict.fromkeys(events))
+    endpoint.full_clean()
+    endpoint.save()
+    return endpoint
+
+
+def rotate_webhook_secret(*, endpoint: WebhookEndpoint) -> str:
+    """Give ``endpoint`` a new signing secret; the old one still signs for ``WEBHOOK_SECRET_OVERLAP_S``.
+
+    Returns the new secret (shown once). Both are stored encrypted.
+    """
+    overlap = tenant_conf.get().WEBHOOK_SECRET_OVERLAP_S
+    endpoint.previous_secret = endpoint.secret
+    endpoint.previous_secret_expires_at = timezone.now() + timedelta(seconds=overlap)
+    endpoint.secret = new_webhook_secret()
+    endpoint.save(update_fields=["previous_secret", "previous_secret_expires_at", "secret"])
+    return endpoint.secret

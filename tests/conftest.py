@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +10,18 @@ import pytest
 
 from tests.support.client import McpClient
 from tests.support.servers import Proc, Stack, make_stack
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _own_counters_prefix() -> Iterator[None]:
+    """Shared counters (Redis: the audit throttle, pattern counters) under a prefix of this test
+    session's own: parallel sessions on one Redis, and earlier ones, never share a window."""
+    from django.conf import settings
+
+    previous = settings.CHANNEL_PREFIX
+    settings.CHANNEL_PREFIX = f"{previous}-s{secrets.token_hex(4)}"
+    yield
+    settings.CHANNEL_PREFIX = previous
 
 
 @pytest.fixture(autouse=True)

@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Annotated
+
+from pydantic import Field
 
 from mcptasks.registry import (
     SyncToolContext,
@@ -19,6 +22,19 @@ from mcptasks.registry import (
     tool,
 )
 
+# Bounds of the demo tools' arguments: whoever may call tools may call these, so none of them
+# may hold a worker slot for long, loop without end or carry an unbounded string.
+#: Longest demo sleep (ms): ten minutes.
+MAX_SLEEP_MS = 600_000
+#: Most progress steps and longest interval between them (ms).
+MAX_STEPS = 100
+MAX_INTERVAL_MS = 10_000
+#: Longest message, question or prompt (characters).
+MAX_TEXT = 1000
+
+SleepMs = Annotated[int, Field(ge=0, le=MAX_SLEEP_MS)]
+Text = Annotated[str, Field(max_length=MAX_TEXT)]
+
 
 @tool(
     title="Sleep",
@@ -27,37 +43,41 @@ from mcptasks.registry import (
     annotations={"readOnlyHint": True, "idempotentHint": True},
     immediate_response="The sleep has started; its result will be available from the task.",
 )
-async def demo_sleep(ms: int = 1000, ctx: ToolContext | None = None) -> str:
+async def demo_sleep(ms: SleepMs = 1000, ctx: ToolContext | None = None) -> str:
     """Sleep for `ms` milliseconds, then say so. Cancellable at any moment."""
-    await asyncio.sleep(max(ms, 0) / 1000)
+    await asyncio.sleep(ms / 1000)
     return f"Slept for {ms} ms"
 
 
 @tool(title="Fail", task_support="optional", annotations={"readOnlyHint": True})
-async def demo_fail(message: str = "demo failure") -> ToolResult:
+async def demo_fail(message: Text = "demo failure") -> ToolResult:
     """Return a tool result with isError: true carrying `message`."""
     return ToolResult(content=[text(message)], is_error=True)
 
 
 @tool(title="Crash", task_support="optional")
-async def demo_crash(message: str = "demo crash") -> str:
+async def demo_crash(message: Text = "demo crash") -> str:
     """Raise an exception with `message` (the task fails with a diagnostic)."""
     raise RuntimeError(message)
 
 
 @tool(title="Progress", task_support="optional", annotations={"readOnlyHint": True})
-async def demo_progress(steps: int = 5, interval_ms: int = 200, ctx: ToolContext | None = None) -> str:
+async def demo_progress(
+    steps: Annotated[int, Field(ge=1, le=MAX_STEPS)] = 5,
+    interval_ms: Annotated[int, Field(ge=0, le=MAX_INTERVAL_MS)] = 200,
+    ctx: ToolContext | None = None,
+) -> str:
     """Report progress `steps` times, `interval_ms` apart, and update the task's status message."""
     assert ctx is not None
     for i in range(1, steps + 1):
-        await asyncio.sleep(max(interval_ms, 0) / 1000)
+        await asyncio.sleep(interval_ms / 1000)
         await ctx.report_progress(i, steps, f"step {i} of {steps}")
         await ctx.set_status_message(f"step {i} of {steps}")
     return f"Completed {steps} steps"
 
 
 @tool(title="Ask", task_support="required")
-async def demo_ask(question: str, ctx: ToolContext) -> str:
+async def demo_ask(question: Text, ctx: ToolContext) -> str:
     """Ask the user `question` through elicitation and return the answer."""
     answer = await ctx.elicit(
         question,
@@ -70,7 +90,7 @@ async def demo_ask(question: str, ctx: ToolContext) -> str:
 
 
 @tool(title="Sample", task_support="required")
-async def demo_sample(prompt: str, ctx: ToolContext) -> str:
+async def demo_sample(prompt: Text, ctx: ToolContext) -> str:
     """Ask the client's model to answer `prompt` and return its text."""
     result = await ctx.sample(prompt, max_tokens=200)
     content = result.get("content") or {}
@@ -86,10 +106,10 @@ async def demo_quick() -> str:
 
 
 @tool(title="Sync sleep", task_support="optional", retryable=False)
-def demo_sync_sleep(ms: int = 1000, ctx: SyncToolContext | None = None) -> str:
+def demo_sync_sleep(ms: SleepMs = 1000, ctx: SyncToolContext | None = None) -> str:
     """A synchronous tool: sleeps in small steps, checking for cancellation."""
     assert ctx is not None
-    deadline = time.monotonic() + max(ms, 0) / 1000
+    deadline = time.monotonic() + ms / 1000
     while time.monotonic() < deadline:
         ctx.check_cancelled()
         time.sleep(0.02)

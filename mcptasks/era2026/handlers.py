@@ -19,7 +19,7 @@ from pydantic import Field
 
 from tenants.auth import AuthContext
 
-from .. import conf, dbwrites, selectors, services, watch
+from .. import conf, dbwrites, idempotency, selectors, services, watch
 from .. import handlers as legacy
 from ..models import Task
 from ..protocol import era2026, versions
@@ -50,6 +50,7 @@ from ..protocol.messages import (
 from ..registry import Registry, ToolInputError, registry
 from ..transport.errors import PASSTHROUGH
 from . import inputs, state, tasks
+from . import listen as listen_mod
 
 #: Every revision this endpoint serves: this era first, then the session-based ones.
 SUPPORTED_VERSIONS: tuple[str, ...] = (era2026.VERSION, *versions.SUPPORTED)
@@ -183,6 +184,8 @@ async def tools_call(ctx: EraContext, params: CallToolParams) -> dict[str, Any] 
             services.create_task,
             auth=ctx.auth, session=session, tool=tool, arguments=params.arguments or {},
             request_id=ctx.request_id, progress_token=None, kind=Task.Kind.TASK,
+            # Requests carry no session here: only a client's key makes a retry idempotent.
+            idempotency_key=idempotency.from_request(meta=params.meta, session_id=None, request_id=None),
         )
         if gathers_input_first(tool.meta):
             # SEP-2663 composition: the input the tool asks for first is gathered in plain
@@ -289,6 +292,24 @@ def era_error(err: McpError) -> McpError:
 # --- tasks (the extension) --------------------------------------------------------------------
 
 
+def task_as_seen_by(task: Task, *, principal_id: int | None) -> dict[str, Any]:
+    """``tasks/get``'s answer about ``task`` for ``principal_id`` (None: a tenant-wide reader).
+
+    The one rendering of a DetailedTask: also what ``notifications/tasks`` carries on a listen
+    (:mod:`.listen`) and the body of a webhook event (:mod:`mcptasks.webhooks`), so what a
+    listener or an endpoint receives is exactly what its principal would read. Sync: it may read
+    pending input requests.
+    """
+    detailed = tasks.detailed_task(task)
+    if task.principal_id != principal_id:
+        # A tenant-wide reader sees the status, never the owner's elicitation text or sampling
+        # prompts (the 2025-11-25 path never binds its stream either).
+        detailed.pop("inputRequests", None)
+    if "error" in detailed:
+        detailed["error"] = era_error(McpError.from_error(detailed["error"])).to_error()
+    return detailed
+
+
 def _require_tasks(ctx: EraContext) -> None:
     if not ctx.meta.declares_tasks():
         raise missing_capability(TASKS_REQUIRED, TASKS_EXTENSION)
@@ -308,9 +329,7 @@ async def tasks_get(ctx: EraContext, params: TaskIdParams) -> dict[str, Any]:
     """The task with its ``inputRequests``, ``result`` or ``error``."""
     _require_tasks(ctx)
     task = await _lookup(ctx, params.taskId, "tasks/get")
-    detailed = await sync_to_async(tasks.detailed_task)(task)
-    if "error" in detailed:
-        detailed["error"] = era_error(McpError.from_error(detailed["error"])).to_error()
+    detailed = await sync_to_async(task_as_seen_by)(task, principal_id=ctx.auth.principal_id)
     if "result" in detailed:
         await services.arecord_task_retrieval(auth=ctx.auth, task=task)
     return detailed
@@ -338,6 +357,34 @@ async def tasks_cancel(ctx: EraContext, params: TaskIdParams) -> dict[str, Any]:
         with contextlib.suppress(McpError):
             await sync_to_async(services.cancel_task)(auth=ctx.auth, task_id=params.taskId)
     return era2026.complete({})
+
+
+# --- subscriptions/listen ---------------------------------------------------------------------
+
+
+@dataclass
+class ListenStream:
+    """A listen the transport serves as an SSE stream (see :mod:`.listen`)."""
+
+    listen: listen_mod.Listen
+
+
+@dispatcher.register("subscriptions/listen", ListenParams, scope=legacy.TOOLS, rate="read")
+async def subscriptions_listen(ctx: EraContext, params: ListenParams) -> ListenStream:
+    """Open a listen: agree to the task ids the caller may watch (the only kind this server emits).
+
+    List-changed and resource-update notifications are never emitted here (the capabilities say
+    ``listChanged: false``, ``subscribe: false``), so they are left out of the acknowledgement.
+    """
+    wanted = params.notifications.taskIds
+    agreed: dict[str, Any] = {}
+    task_ids: list[str] = []
+    if wanted is not None:
+        _require_tasks(ctx)
+        task_ids = await sync_to_async(listen_mod.listenable)(auth=ctx.auth, task_ids=wanted)
+        agreed["taskIds"] = task_ids
+    return ListenStream(listen_mod.Listen(auth=ctx.auth, request_id=ctx.request_id, agreed=agreed,
+                                          task_ids=task_ids))
 
 
 # --- resources, prompts, completion: unchanged but for resultType and cache hints -------------
@@ -406,13 +453,31 @@ async def completion_complete(ctx: EraContext, params: CompleteParams) -> dict[s
 # --- admission hints for the transport --------------------------------------------------------
 
 
+def _continues_task(ctx: EraContext, request_state: str, tool_name: str) -> bool:
+    """Whether ``request_state`` is a valid state of the caller that continues a task (an invalid
+    one is refused by the handler, -32602, as before)."""
+    try:
+        return state.verify(auth=ctx.auth, state=request_state, tool=tool_name).kind == "task"
+    except McpError:
+        return False
+
+
 def admission(ctx: EraContext, method: str, params: dict[str, Any] | None) -> tuple[str | None, str]:
-    """(scope, rate class) of a request: creating a task needs ``mcp:tasks`` and counts as ``create``."""
-    if (
-        method == "tools/call" and isinstance(params, dict) and isinstance(params.get("name"), str)
-        and params.get("requestState") is None and creates_task(ctx, params["name"])
-    ):
-        return legacy.TASKS, "create"
+    """(scope, rate class) of a request: creating a task needs ``mcp:tasks`` and counts as ``create``;
+    a retry whose ``requestState`` continues a task (gather-input-first) answers that task's input,
+    so it needs what ``tasks/update`` needs."""
+    if method == "tools/call" and isinstance(params, dict) and isinstance(params.get("name"), str):
+        request_state = params.get("requestState")
+        if request_state is None and creates_task(ctx, params["name"]):
+            return legacy.TASKS, "create"
+        if isinstance(request_state, str) and _continues_task(ctx, request_state, params["name"]):
+            update = dispatcher.route("tasks/update")
+            assert update is not None
+            return update.scope, update.rate
+    if method == "subscriptions/listen" and isinstance(params, dict):
+        wanted = params.get("notifications")
+        if isinstance(wanted, dict) and wanted.get("taskIds") is not None:
+            return legacy.TASKS, "read"  # watching tasks needs what reading them needs
     route = dispatcher.route(method)
     if route is None:
         return None, "other"

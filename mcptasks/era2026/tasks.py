@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from tenants.auth import AuthContext
 
-from .. import bus, services
+from .. import bus, limits, services
 from ..context import INPUT_KEY_META
 from ..models import TERMINAL, McpSession, StreamEvent, Task, TaskMessage, TaskStatus, _iso
 from ..protocol.era2026 import INPUT_KEY_PATTERN, VERSION, RequestMeta, task_wire
@@ -43,6 +43,8 @@ def open_request_session(*, auth: AuthContext, meta: RequestMeta) -> McpSession:
     it; the idle-session cleanup removes it like any other.
     """
     info = meta.client_info.model_dump(mode="json", exclude_none=True) if meta.client_info else {}
+    # Every tools/call stores these: bounded like an initialize's (-32602 past the limit).
+    limits.check_client_metadata(client_info=info, capabilities=meta.client_capabilities)
     return McpSession.objects.create(
         tenant_id=auth.tenant_id, principal_id=auth.principal_id, protocol_version=VERSION,
         client_info=info, client_capabilities=dict(meta.client_capabilities), initialized=True,

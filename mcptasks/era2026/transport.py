@@ -6,7 +6,8 @@ either per-request ``_meta`` naming a protocol version or an ``MCP-Protocol-Vers
 that no session-based revision has. Everything else is 2025-11-25 exactly as before.
 
 :func:`serve` applies, in order: the ``_meta`` shape (-32602, HTTP 400), the protocol version
-(-32022, HTTP 400), the SEP-2243 headers (-32020, HTTP 400), the method table (-32601, HTTP
+(-32022, HTTP 400), the SEP-2243 headers (-32020, HTTP 400; also when one of them is
+repeated), the method table (-32601, HTTP
 404), then the same scope check, rate limits and refusal audit as the 2025-11-25 path, and
 dispatches. The caller was authenticated before the body was read, as for every POST.
 """
@@ -27,7 +28,7 @@ from tenants import ratelimit
 from tenants.auth import insufficient_scope
 from tenants.exceptions import QuotaExceeded, RateLimited
 
-from .. import conf, watch
+from .. import conf, observability, watch
 from ..protocol import era2026, jsonrpc, versions
 from ..protocol.era2026 import META_PROTOCOL_VERSION, NAME_SOURCE, RequestMeta
 from ..protocol.errors import (
@@ -76,6 +77,23 @@ def selects(headers: dict[str, str], raw: Any) -> bool:
     version = headers.get("mcp-protocol-version", "")
     # 2026-07-28 without _meta (-32602), or a version nobody serves (-32022): answered here.
     return bool(version) and not versions.is_supported(version)
+
+
+#: Headers SEP-2243 compares with the body: each may be sent once (``mcp-param-*`` by prefix).
+_SINGLE_HEADERS = frozenset({"mcp-method", "mcp-name", "mcp-protocol-version"})
+
+
+def check_repeated_headers(raw_headers: list[tuple[bytes, bytes]]) -> None:
+    """-32020 when a header the body is checked against is repeated: with two values, the server
+    (which reads the first) and a proxy or gateway (which may read the last) would disagree."""
+    seen: set[str] = set()
+    for raw_name, _value in raw_headers:
+        name = raw_name.decode("latin-1").lower()
+        if name not in _SINGLE_HEADERS and not name.startswith("mcp-param-"):
+            continue
+        if name in seen:
+            raise McpError(HEADER_MISMATCH, f"Header mismatch: {_quote(name)} header is repeated")
+        seen.add(name)
 
 
 def _quote(value: str) -> str:
@@ -204,6 +222,7 @@ async def serve(consumer: McpConsumer, raw: Any, msg: Any) -> None:
         await consumer._send_json(400, jsonrpc.error_response(rid, err))
         return
     try:
+        check_repeated_headers(consumer.scope.get("headers", []))
         check_headers(headers, msg.method, msg.params, meta)
         check_version(meta)
         if msg.method == "tools/call" and isinstance(msg.params, dict):
@@ -234,7 +253,9 @@ async def serve(consumer: McpConsumer, raw: Any, msg: Any) -> None:
         await consumer._refuse(rid, exc)
         return
     try:
-        result = await handlers.dispatcher.dispatch(ctx, msg.method, msg.params)
+        with observability.rpc_span(msg.method, msg.params, auth=auth, known=True) as span:
+            result = await handlers.dispatcher.dispatch(ctx, msg.method, msg.params)
+            observability.note_task(span, result)
     except UNAVAILABLE:
         raise  # answered (503) where every database outage is
     except McpError as err:
@@ -250,6 +271,9 @@ async def serve(consumer: McpConsumer, raw: Any, msg: Any) -> None:
         return
     if isinstance(result, handlers.PlainRound):
         await _stream_round(consumer, rid, result)
+        return
+    if isinstance(result, handlers.ListenStream):
+        await consumer.start_listen(result.listen)
         return
     await consumer._send_json(200, jsonrpc.response(rid, result))
 

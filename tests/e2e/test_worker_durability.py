@@ -19,7 +19,8 @@ LEASE_S = float(FAST_SETTINGS["MCPTASKS_WORKER_LEASE_S"])
 def web(stack: Stack) -> Iterator[Proc]:
     if not stack.multi_process:
         require_multiprocess()
-    with web_and_worker(stack, concurrency=CONCURRENCY) as proc:
+    # One tenant fills the whole worker here: no slot kept for other tenants.
+    with web_and_worker(stack, concurrency=CONCURRENCY, env={"MCPTASKS_WORKER_TENANT_RESERVED_SLOTS": "0"}) as proc:
         yield proc
 
 

@@ -13,7 +13,7 @@ from django.db import connection
 from mcptasks import services
 from mcptasks.models import AuditEvent, Task, TaskMessage, TaskStatus
 from tenants.models import Principal, Tenant
-from tests.support.factories import expire, make_auth, make_session, make_task
+from tests.support.factories import expire, make_auth, make_session, make_task, make_tenant
 from tests.support.requirements import require_postgres
 
 
@@ -91,9 +91,10 @@ def test_cleanup_with_nothing_expired_deletes_nothing() -> None:
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_cleaners_never_delete_the_same_rows_twice() -> None:
     require_postgres()
-    auth = make_auth()
-    session = make_session(auth)
     n_expired = 120
+    # More live tasks than the default concurrency quota: the tenant's own limit allows them.
+    auth = make_auth(make_tenant(max_concurrent_tasks=n_expired + 1))
+    session = make_session(auth)
     for _ in range(n_expired):
         expire(make_task(auth, session))
     keep = make_task(auth, session)

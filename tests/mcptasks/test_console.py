@@ -62,7 +62,7 @@ def test_healthz_is_liveness_and_readyz_checks_database_and_layer() -> None:
     assert Client().get("/healthz").json() == {"status": "ok"}
     ready = Client().get("/readyz")
     assert ready.status_code == 200
-    assert ready.json() == {"status": "ready", "database": True, "channel_layer": True}
+    assert ready.json() == {"status": "ready", "database": True, "channel_layer": True, "degraded": []}
 
 
 def test_readyz_is_503_when_the_database_is_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,7 +88,7 @@ def test_a_tenant_admin_sees_and_cancels_only_their_tenants_tasks(two_tenants: d
     assert "globex" not in page  # not even in the tenant filter
     # Another tenant's task is a missing one, page and action alike.
     other = reverse("admin:mcptasks_task_change", args=[two_tenants["task_b"].pk])
-    assert c.get(other).status_code == 302  # the admin redirects "does not exist" to the index
+    assert c.get(other).status_code == 404  # exactly like a missing task
     for task in (two_tenants["task_a"], two_tenants["task_b"]):
         c.post(reverse("admin:mcptasks_task_changelist"),
                {"action": "cancel_tasks", "_selected_action": [task.pk]})
@@ -243,11 +243,12 @@ def test_dashboard_shows_a_tenants_figures_to_its_operators_only(root: Client, t
     assert _login(_user("nobody", is_staff=True)).get(reverse("dashboard")).status_code == 403
 
 
-def test_metrics_report_tasks_queue_workers_and_refusals(two_tenants: dict[str, Any]) -> None:
+def test_metrics_report_tasks_queue_workers_and_refusals(two_tenants: dict[str, Any], settings: Any) -> None:
     from mcptasks.metrics import REFUSALS
 
+    settings.MCPTASKS = {**settings.MCPTASKS, "METRICS_TOKEN": "scrape-token"}
     REFUSALS.labels("ratelimit.refused").inc()
-    body = Client().get("/metrics").content.decode()
+    body = Client().get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-token").content.decode()
     assert 'mcptasks_tasks{status="working",tenant="acme"} 1.0' in body
     assert "mcptasks_queue_depth 2.0" in body
     assert "mcptasks_workers_alive" in body
@@ -304,3 +305,119 @@ def test_inline_edits_and_other_apps_admin_changes_are_audited(root: Client, two
     assert response.status_code == 302, response.content.decode()[:3000]
     user_ev = AuditEvent.objects.get(action="admin.change", data__model="auth.user")
     assert user_ev.data["operator"] == "root" and "Superuser status" in user_ev.data["change_message"]
+
+
+# --- the task page ------------------------------------------------------------------------
+
+
+def _csrf_client(user: Any) -> Client:
+    c = Client(enforce_csrf_checks=True)
+    c.force_login(user)
+    return c
+
+
+def _csrf(page: str) -> str:
+    import re
+
+    match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+    assert match, "no CSRF token on the page"
+    return match.group(1)
+
+
+def _running(task: Task, **extra: Any) -> Task:
+    from django.utils import timezone
+
+    from mcptasks.models import TaskMessage
+
+    now = timezone.now()
+    Task.objects.filter(pk=task.pk).update(
+        params={"name": task.tool_name, "arguments": {"ms": 1, "note": "<script>alert(1)</script>"}},
+        status_message="step 3 of 10", progress={"progress": 3, "total": 10, "message": "copying"},
+        worker_id="host-a.example:4242:abcd", attempt=1, started_at=now, **extra)
+    TaskMessage.objects.create(task=task, rpc_id=f"rpc-{task.pk}", method="elicitation/create",
+                               params={"message": "Which bucket?"}, response={"action": "accept",
+                                                                              "content": {"answer": "b-42"}},
+                               answered_at=now)
+    return Task.objects.get(pk=task.pk)
+
+
+def test_task_page_shows_the_task_and_another_tenants_task_is_a_404(two_tenants: dict[str, Any]) -> None:
+    task = _running(two_tenants["task_a"])
+    _running(two_tenants["task_b"])
+    alice = _user("alice-page")
+    tenant_services.grant_operator_role(user=alice, tenant=two_tenants["a"], role="admin")
+    c = _csrf_client(alice)
+    response = c.get(reverse("admin:mcptasks_task_change", args=[task.pk]))
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "step 3 of 10" in page and "3 / 10" in page and "copying" in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script>alert(1)" not in page  # escaped
+    assert "Which bucket?" in page and "b-42" in page and "elicitation/create" in page
+    assert 'id="task-cancel"' in page and "Queued" in page and " s</td>" in page
+    # A tenant-scoped operator sees an opaque worker label, never the host and pid.
+    assert "host-a.example" not in page and "worker-" in page
+    live = c.get(reverse("admin:mcptasks_task_live", args=[task.pk])).json()
+    assert live["status"] == "working" and live["percent"] == 30.0 and live["status_message"] == "step 3 of 10"
+    assert live["worker"].startswith("worker-") and live["durations"]["running"] is not None
+    # Another tenant's task is exactly a missing one, for every URL of the page.
+    other = two_tenants["task_b"]
+    for name in ("admin:mcptasks_task_change", "admin:mcptasks_task_live"):
+        assert c.get(reverse(name, args=[other.pk])).status_code == 404
+        assert c.get(reverse(name, args=[999_999_999])).status_code == 404
+    assert c.get(reverse("admin:mcptasks_task_download", args=[other.pk, "arguments"])).status_code == 404
+    forged = c.post(reverse("admin:mcptasks_task_cancel", args=[other.pk]),
+                    {"csrfmiddlewaretoken": _csrf(page)})
+    assert forged.status_code == 404
+    assert Task.objects.get(pk=other.pk).status == "working"
+
+
+def test_task_page_cancel_button_is_audited_and_needs_csrf_and_the_role(two_tenants: dict[str, Any]) -> None:
+    task = _running(two_tenants["task_a"])
+    alice = _user("alice-cancel")
+    tenant_services.grant_operator_role(user=alice, tenant=two_tenants["a"], role="admin")
+    c = _csrf_client(alice)
+    page = c.get(reverse("admin:mcptasks_task_change", args=[task.pk])).content.decode()
+    url = reverse("admin:mcptasks_task_cancel", args=[task.pk])
+    assert c.post(url).status_code == 403  # no CSRF token
+    assert c.get(url).status_code == 405
+    assert Task.objects.get(pk=task.pk).status == "working"
+    auditor = _user("audrey-page")
+    tenant_services.grant_operator_role(user=auditor, tenant=two_tenants["a"], role="auditor")
+    ac = _csrf_client(auditor)
+    auditor_page = ac.get(reverse("admin:mcptasks_task_change", args=[task.pk])).content.decode()
+    assert 'id="task-cancel"' not in auditor_page
+    assert ac.post(url, {"csrfmiddlewaretoken": _csrf(auditor_page)}).status_code == 403
+    assert Task.objects.get(pk=task.pk).status == "working"
+    done = c.post(url, {"csrfmiddlewaretoken": _csrf(page)})
+    assert done.status_code == 302 and done["Location"] == reverse("admin:mcptasks_task_change", args=[task.pk])
+    assert Task.objects.get(pk=task.pk).status == "cancelled"
+    event = AuditEvent.objects.get(action="admin.cancel", task_id=task.task_id)
+    assert event.data["operator"] == "alice-cancel"
+    after = c.get(done["Location"]).content.decode()
+    assert "cancelled" in after and 'id="task-cancel"' not in after and 'data-terminal="1"' in after
+
+
+def test_task_page_caps_large_results_with_a_download_and_shows_workers_to_all_tenant_operators(
+        root: Client, two_tenants: dict[str, Any]) -> None:
+    from django.utils import timezone
+
+    from mcptasks import taskpage
+
+    big = {"content": [{"type": "text", "text": "x" * (taskpage.INLINE_CHARS + 500)}], "isError": False}
+    task = _running(two_tenants["task_a"], status="completed", result=big, finished_at=timezone.now())
+    page = root.get(reverse("admin:mcptasks_task_change", args=[task.pk])).content.decode()
+    download = reverse("admin:mcptasks_task_download", args=[task.pk, "result"])
+    assert download in page and "x" * (taskpage.INLINE_CHARS + 500) not in page
+    assert "host-a.example:4242:abcd" in page  # an all-tenant operator sees the worker id
+    assert 'data-terminal="1"' in page and 'id="task-cancel"' not in page
+    full = root.get(download)
+    assert full.status_code == 200 and full["Content-Disposition"].startswith("attachment")
+    assert json.loads(full.content) == big
+    assert root.get(reverse("admin:mcptasks_task_download", args=[task.pk, "params"])).status_code == 404
+    assert root.get(reverse("admin:mcptasks_task_live", args=[task.pk])).json()["worker"] == "host-a.example:4242:abcd"
+
+
+def test_task_list_shows_status_message_and_duration(root: Client, two_tenants: dict[str, Any]) -> None:
+    _running(two_tenants["task_a"])
+    listing = root.get(reverse("admin:mcptasks_task_changelist")).content.decode()
+    assert "step 3 of 10" in listing and "column-duration" in listing and "column-message" in listing

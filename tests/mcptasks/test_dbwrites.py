@@ -18,11 +18,11 @@ from tests.support.requirements import require_postgres
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _ctx(auth: Any, session: Any) -> handlers.RequestContext:
+def _ctx(auth: Any, session: Any, request_id: int = 1) -> handlers.RequestContext:
     async def no_stream(prefix: str) -> str:
         raise AssertionError("no stream expected")
 
-    return handlers.RequestContext(auth=auth, session=session, protocol_version="2025-11-25", request_id=1,
+    return handlers.RequestContext(auth=auth, session=session, protocol_version="2025-11-25", request_id=request_id,
                                    open_stream=no_stream)
 
 
@@ -47,7 +47,8 @@ def test_task_creations_overlap_on_their_own_connections(monkeypatch: pytest.Mon
 
     async def create_three() -> list[Any]:
         try:
-            return await asyncio.gather(*(handlers.tools_call(_ctx(auth, session), params) for _ in range(3)))
+            # Three requests (three ids: one id twice in a session is a retry of one creation).
+            return await asyncio.gather(*(handlers.tools_call(_ctx(auth, session, n), params) for n in range(3)))
         finally:
             await fastreads.close()
 

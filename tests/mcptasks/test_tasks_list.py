@@ -12,7 +12,7 @@ from mcptasks import selectors
 from mcptasks.models import Task
 from mcptasks.protocol.errors import McpError
 from tenants.auth import AuthContext
-from tests.support.factories import expire, make_auth, make_session, make_task
+from tests.support.factories import expire, make_auth, make_session, make_task, make_tenant
 from tests.support.requirements import require_postgres
 
 PRE_EXISTING = 150
@@ -38,7 +38,8 @@ def _page_all(auth: AuthContext, *, pause_s: float = 0.0) -> list[str]:
 @pytest.mark.django_db(transaction=True)
 def test_every_preexisting_task_listed_exactly_once_while_1000_are_created_concurrently() -> None:
     require_postgres()
-    auth = make_auth()
+    # More live tasks than the default concurrency quota: the tenant's own limit allows them.
+    auth = make_auth(make_tenant(max_concurrent_tasks=PRE_EXISTING + CONCURRENT))
     session = make_session(auth)
     before = [make_task(auth, session).task_id for _ in range(PRE_EXISTING)]
     started = threading.Event()

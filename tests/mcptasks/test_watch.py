@@ -41,25 +41,32 @@ def _fresh() -> Iterator[None]:
 
 
 def test_refusals_are_audited_at_most_once_per_interval_with_the_suppressed_count(settings: Any) -> None:
-    settings.MCPTASKS = {**settings.MCPTASKS, "AUDIT_REFUSAL_EVERY_S": 0.2}
+    import time
+
+    from mcptasks import audit
+
+    settings.MCPTASKS = {**settings.MCPTASKS, "AUDIT_REFUSAL_EVERY_S": 2.0}
     auth = make_auth()
+    time.sleep(2.0 - time.time() % 2.0 + 0.01)  # a window's start: the burst stays within one
     for _ in range(50):
         async_to_sync(watch.arefused)(auth=auth, action="ratelimit.refused", data={"class": "read"})
     events = list(AuditEvent.objects.filter(action="ratelimit.refused"))
-    assert len(events) == 1 and events[0].data["suppressed"] == 0
-    import time
-
-    time.sleep(0.25)
+    assert len(events) == 1 and "suppressed" not in events[0].data
+    time.sleep(2.0 - time.time() % 2.0 + 0.01)  # the window ended
+    audit.housekeep()
+    summary = AuditEvent.objects.get(action="audit.suppressed")
+    assert (summary.tenant_id, summary.data["kind"], summary.data["count"]) == (auth.tenant_id, "ratelimit.refused", 49)
     async_to_sync(watch.arefused)(auth=auth, action="ratelimit.refused", data={"class": "read"})
     latest = AuditEvent.objects.filter(action="ratelimit.refused").order_by("-id").first()
-    assert latest is not None and latest.data["suppressed"] == 49
-    assert latest.principal_id == auth.principal_id
+    assert latest is not None and latest.pk != events[0].pk and latest.principal_id == auth.principal_id
 
 
-def test_the_throttle_is_bounded() -> None:
+def test_the_in_process_suppressed_counts_are_bounded(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings.MCPTASKS = {**settings.MCPTASKS, "AUDIT_REFUSAL_BUDGET": 0}
+    monkeypatch.setattr(kv, "client", lambda: None)  # no Redis: the in-process fallback
     for n in range(watch._MAX_SUBJECTS + 100):
-        watch.throttle.admit("auth.failed", f"10.0.{n // 256}.{n % 256}", every_s=60)
-    assert len(watch.throttle._seen) == watch._MAX_SUBJECTS
+        assert not watch.throttle.admit("auth.failed", f"10.0.{n // 256}.{n % 256}", tenant_id=n + 1)
+    assert len(watch.throttle._pending) == watch._MAX_SUBJECTS
 
 
 def test_enumeration_is_flagged_once_and_tightens_the_principals_rate(settings: Any) -> None:

@@ -274,3 +274,35 @@ def test_a_refused_creation_leaves_no_task_and_no_audit_row() -> None:
                         progress_token=None)
     assert Task.objects.filter(tenant_id=tenant.pk).count() == 1
     assert AuditEvent.objects.filter(tenant_id=tenant.pk, action="task.create").count() == 1
+
+
+def test_progress_is_saved_on_the_task_at_most_once_a_second_and_before_the_outcome() -> None:
+    """The console's task page reads ``Task.progress``: saved with or without a progress token."""
+    from asgiref.sync import async_to_sync
+
+    from mcptasks.worker import WorkerBackend
+
+    task = task_row("u_once")
+    Task.objects.filter(pk=task.pk).update(attempt=1)  # no progress token: no notifications
+    task.refresh_from_db()
+    backend = WorkerBackend(Worker(registry_=reg), task)
+    async_to_sync(backend.progress)(1, 10, "one")
+    assert Task.objects.get(pk=task.pk).progress == {"progress": 1, "total": 10, "message": "one"}
+    async_to_sync(backend.progress)(2, 10, "two")  # within the second: held back
+    assert Task.objects.get(pk=task.pk).progress["progress"] == 1
+    async_to_sync(backend.flush_progress)()  # before the outcome: the latest is written
+    assert Task.objects.get(pk=task.pk).progress == {"progress": 2, "total": 10, "message": "two"}
+
+
+def test_claim_records_when_the_task_first_started() -> None:
+    task = task_row("u_retry")
+    now = timezone.now()
+    w = worker()
+    [claimed] = Task.objects.claim(worker_id=w.worker_id, limit=1, now=now, lease_until=now + dt.timedelta(seconds=30))
+    assert Task.objects.get(pk=task.pk).started_at == now
+    # A later attempt keeps the first start (queued time is until the first claim).
+    Task.objects.filter(pk=task.pk).update(lease_expires_at=now - dt.timedelta(seconds=1), max_attempts=3)
+    later = now + dt.timedelta(seconds=60)
+    Task.objects.claim(worker_id="w2", limit=1, now=later, lease_until=later + dt.timedelta(seconds=30))
+    assert Task.objects.get(pk=task.pk).attempt == 2 and Task.objects.get(pk=task.pk).started_at == now
+    assert claimed.pk == task.pk

@@ -81,15 +81,18 @@ def test_user_token_is_refused_once_membership_is_gone(tenant_a: Any, django_use
     assert info.value.status == 401
 
 
-def test_sign_in_is_throttled_per_username(settings: Any, django_user_model: Any) -> None:
-    settings.TENANTS = {**settings.TENANTS, "LOGIN_MAX_FAILURES_PER_USER": 3}
+def test_sign_in_waits_per_username_and_address(settings: Any, django_user_model: Any) -> None:
+    settings.TENANTS = {**settings.TENANTS, "LOGIN_FREE_FAILURES": 3}
     django_user_model.objects.create_user(username="dave", password="x-long-passphrase-1")
     for _ in range(3):
         assert Client().post("/accounts/login/", {"username": "dave", "password": "wrong"}).status_code == 200
-    # Even the right password is refused now: the budget is checked before the password.
+    # From this address even the right password waits now: checked before the password.
     response = Client().post("/accounts/login/", {"username": "dave", "password": "x-long-passphrase-1"})
     assert response.status_code == 429 and int(response["Retry-After"]) > 0
     assert AuditEvent.objects.filter(action="login.throttled").exists()
+    # Never a lockout: from another address the account's owner signs in.
+    assert Client(REMOTE_ADDR="198.51.100.30").post(
+        "/accounts/login/", {"username": "dave", "password": "x-long-passphrase-1"}).status_code == 302
 
 
 def test_sign_in_is_throttled_per_address(settings: Any) -> None:
@@ -114,19 +117,19 @@ def test_admin_sign_in_and_api_basic_credentials_share_the_failure_budget(settin
     import base64
     import uuid
 
-    settings.TENANTS = {**settings.TENANTS, "LOGIN_MAX_FAILURES_PER_USER": 3}
+    settings.TENANTS = {**settings.TENANTS, "LOGIN_FREE_FAILURES": 3}
     name = f"ops-{uuid.uuid4().hex[:8]}"
     django_user_model.objects.create_superuser(username=name, password="x-long-passphrase-2", email="")
 
     def basic(password: str) -> dict[str, str]:
         return {"HTTP_AUTHORIZATION": "Basic " + base64.b64encode(f"{name}:{password}".encode()).decode()}
 
-    # Two wrong passwords on the admin's sign-in, one through the API: the budget is spent.
+    # Two wrong passwords on the admin's sign-in, one through the API: the free failures are spent.
     for _ in range(2):
         response = Client().post("/admin/login/", {"username": name, "password": "wrong"})
         assert response.status_code == 200
     assert Client().get("/api/tenants/x/tasks/", **basic("wrong")).status_code in (401, 403)
-    # Now even the right password is refused, on every way in.
+    # Now even the right password waits, on every way in (from this address).
     assert Client().get("/api/tenants/x/tasks/", **basic("x-long-passphrase-2")).status_code == 429
     refused = Client().post("/admin/login/", {"username": name, "password": "x-long-passphrase-2"})
     assert refused.status_code == 429

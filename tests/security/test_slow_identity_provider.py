@@ -33,7 +33,9 @@ def web(stack: Stack, slow_idp: JwksServer) -> Iterator[Proc]:
         f"ExternalIssuer.objects.create(tenant=get_or_create_tenant(slug='slowco'), issuer={SLOW_ISS!r}, "
         f"jwks_url={slow_idp.url!r}, tenant_claim='org', tenant_claim_value='slowco')"
     ))
-    proc = stack.daphne(embedded_worker=False, extra_env={"MCPTASKS_ALLOW_ANONYMOUS": "0"})
+    # The identity provider listens on loopback: allowed explicitly (tenants.outbound).
+    proc = stack.daphne(embedded_worker=False, extra_env={"MCPTASKS_ALLOW_ANONYMOUS": "0",
+                                                          "MCPTASKS_OUTBOUND_ALLOWED_NETWORKS": "127.0.0.0/8"})
     yield proc
     proc.terminate(timeout=10)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from typing import Any
@@ -63,3 +64,86 @@ class Client2026:
             if task["status"] in wanted or time.monotonic() > deadline:
                 return task
             time.sleep(0.1)
+
+
+class ListenStream:
+    """A ``subscriptions/listen`` read in a background thread: every SSE message, as parsed JSON.
+
+    ``status`` is the HTTP status (an error answer is read whole into ``messages``); ``ended`` is
+    set when the server closed the response.
+    """
+
+    def __init__(self, client: Client2026, notifications: dict[str, Any], *,
+                 capabilities: dict[str, Any] | None = None) -> None:
+        import threading
+
+        self.messages: list[dict[str, Any]] = []
+        self.status = 0
+        self.request_id = next(_ids)
+        self.ended = threading.Event()
+        self._opened = threading.Event()
+        self._stop = False
+        caps = client.capabilities if capabilities is None else capabilities
+        self._body = {"jsonrpc": "2.0", "id": self.request_id, "method": "subscriptions/listen", "params": {
+            "notifications": notifications,
+            "_meta": {"io.modelcontextprotocol/protocolVersion": VERSION,
+                      "io.modelcontextprotocol/clientCapabilities": caps}}}
+        self._headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+                         "MCP-Protocol-Version": VERSION, "Mcp-Method": "subscriptions/listen"}
+        if client.token:
+            self._headers["Authorization"] = f"Bearer {client.token}"
+        self._url = client.url
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        self._opened.wait(30)
+
+    def _run(self) -> None:
+        import json
+
+        from .client import iter_sse
+
+        try:
+            with httpx.stream("POST", self._url, json=self._body, headers=self._headers,
+                              timeout=httpx.Timeout(30, read=None)) as response:
+                self.status = response.status_code
+                self._response = response
+                self._opened.set()
+                if not response.headers.get("content-type", "").startswith("text/event-stream"):
+                    self.messages.append(json.loads(response.read()))
+                    return
+                for event in iter_sse(response.iter_lines()):
+                    if self._stop:
+                        return
+                    if not isinstance(event, str) and event.data:
+                        self.messages.append(json.loads(event.data))
+        except httpx.HTTPError:
+            pass
+        finally:
+            self._opened.set()
+            self.ended.set()
+
+    def close(self) -> None:
+        """Drop the connection (the client side of a network failure)."""
+        self._stop = True
+        response = getattr(self, "_response", None)
+        if response is not None:
+            with contextlib.suppress(Exception):  # closing from another thread: the reader ends
+                response.close()
+        self.ended.wait(10)
+
+    def of(self, method: str) -> list[dict[str, Any]]:
+        """The messages of ``method`` received so far."""
+        return [m for m in list(self.messages) if m.get("method") == method]
+
+    def task_states(self, task_id: str) -> list[dict[str, Any]]:
+        """Every ``notifications/tasks`` params received for ``task_id``, in order."""
+        return [m["params"] for m in self.of("notifications/tasks") if m["params"].get("taskId") == task_id]
+
+    def wait(self, predicate: Any, timeout: float = 20) -> bool:
+        """Wait until ``predicate(self)`` holds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate(self):
+                return True
+            time.sleep(0.05)
+        return bool(predicate(self))

@@ -203,10 +203,22 @@ def make_stack(tmp: Path) -> tuple[Stack, Any]:
         "ALLOWED_HOSTS": "127.0.0.1,localhost",
         "MCPTASKS_ALLOW_ANONYMOUS": "1",
         "MCPTASKS_CONFORMANCE_FIXTURES": "1",
+        # Off by default; the end-to-end tests and the conformance runs call them.
+        "MCPTASKS_DEMO_TOOLS": "1",
+        # Every module of a session shares the stack's tenants (the anonymous default one above
+        # all), and tasks left live by one test would count against the next one's default
+        # quota: tests of quotas set a tenant's own limit (tests/security/test_default_quotas.py
+        # covers the default).
+        "MCPTASKS_TASK_MAX_CONCURRENT": "0",
         "MCPTASKS_EXTRA_APPS": "mcptasks.testing",
         "MCPTASKS_CHANNEL_PREFIX": "e2e" + secrets.token_hex(4),
         "MCPTASKS_VAR_DIR": str(tmp),
         "LOG_LEVEL": "INFO",
+        # One stack serves a whole test session, and most modules share its anonymous principal:
+        # far more sessions and streams than one principal may hold in production. The tests of
+        # those caps set their own (tests/security/test_session_limits.py).
+        "MCPTASKS_MAX_SESSIONS_PER_PRINCIPAL": "0",
+        "MCPTASKS_MAX_STREAMS_PER_PRINCIPAL": "0",
         **FAST_SETTINGS,
     }
     drop: Any = None

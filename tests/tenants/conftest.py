@@ -42,7 +42,9 @@ def other_key() -> KeyPair:
 
 
 @pytest.fixture
-def jwks_server(rsa_key: KeyPair) -> Iterator[JwksServer]:
+def jwks_server(rsa_key: KeyPair, settings: Any) -> Iterator[JwksServer]:
+    # The server listens on loopback, which the outbound policy refuses unless allowed.
+    settings.TENANTS = {**settings.TENANTS, "OUTBOUND_ALLOWED_NETWORKS": ("127.0.0.0/8",)}
     server = JwksServer()
     server.keys = [rsa_key.jwk]
     yield server

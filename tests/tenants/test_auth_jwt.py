@@ -162,7 +162,12 @@ def test_inactive_issuer(external_issuer: Any, rsa_key: KeyPair, resource_url: s
 
 def test_http_jwks_refused_off_loopback(tenant: Any, rsa_key: KeyPair, resource_url: str) -> None:
     ExternalIssuer.objects.create(tenant=tenant, issuer=ISSUER, jwks_url="http://jwks.example.com/keys")
-    assert "unavailable" in _refused(rsa_key.sign(jwt_claims()), resource_url).message
+    # The public answer is the one for any key failure (issue 25 item 4); the reason is the http rule.
+    assert _refused(rsa_key.sign(jwt_claims()), resource_url).message == "Token signed with an unknown key"
+    from tenants.jwt_issuers import JwksUnavailable, fetch_jwks
+
+    with pytest.raises(JwksUnavailable, match="plain-http"):
+        fetch_jwks("http://jwks.example.com/keys")
 
 
 def test_issuer_clean_refuses_none() -> None:

@@ -59,6 +59,22 @@ def test_list_and_app(tenant: Any) -> None:
     assert lines[0].startswith("client_id=") and len(lines) == 2
 
 
+def test_app_for_an_auditor_with_the_audit_scope(tenant: Any) -> None:
+    from django.contrib.auth import get_user_model
+    from oauth2_provider.models import get_application_model
+
+    auditor = get_user_model().objects.create_user(username="aud", password="pw")
+    lines = _run("app", "acme", "--name", "audit-bot", "--scopes", "audit:read", "--owner", "aud")
+    client_id = lines[0].removeprefix("client_id=")
+    app = get_application_model().objects.get(client_id=client_id)
+    assert app.user == auditor and app.tenant_link.allowed_scopes == "audit:read"
+    with pytest.raises(CommandError, match="unknown user"):
+        _run("app", "acme", "--owner", "nobody")
+    with pytest.raises(CommandError, match="client-credentials"):
+        _run("app", "acme", "--grant", "authorization-code", "--redirect-uri", "http://127.0.0.1:9/cb",
+             "--owner", "aud")
+
+
 @pytest.mark.django_db
 def test_recount_repairs_counters_from_the_task_table() -> None:
     """After a crash or a manual edit the counters can drift; recount puts them right."""

@@ -128,7 +128,7 @@ def test_effective_limits(tenant: Tenant, settings: Any) -> None:
     }
     limits = effective_limits(tenant_id=tenant.pk)
     assert (limits.default_ttl_ms, limits.max_ttl_ms, limits.poll_interval_ms) == (60_000, 120_000, 500)
-    assert limits.max_concurrent_tasks is None
+    assert limits.max_concurrent_tasks == 100  # no limit of its own: MCPTASKS_TASK_MAX_CONCURRENT
     Tenant.objects.filter(pk=tenant.pk).update(
         default_ttl_ms=10_000, max_ttl_ms=5_000, poll_interval_ms=2_000, max_concurrent_tasks=7
     )

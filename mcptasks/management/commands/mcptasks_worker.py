@@ -8,10 +8,13 @@ import signal
 import sys
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from mcptasks import hardening
+from mcptasks.runtime import bound_default_executor
 from mcptasks.worker import Worker
+from tenants import redis_url
 
 
 class Command(BaseCommand):
@@ -27,6 +30,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **opts: Any) -> None:
         hardening.require_production_secret_key("worker")
+        redis_url.require_supported(str(getattr(settings, "REDIS_URL", "") or ""), "worker")
         if opts["max_tasks"] is not None and opts["max_tasks"] < 1:
             raise CommandError("--max-tasks must be at least 1")
         worker = Worker(concurrency=opts["concurrency"], worker_id=opts["worker_id"], burst=opts["burst"],
@@ -36,6 +40,7 @@ class Command(BaseCommand):
     async def _main(self, worker: Worker) -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        bound_default_executor(loop)
         # SIGTERM/SIGINT: stop claiming, let running tools finish within the grace period,
         # then hand back the rest.
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -10,7 +10,7 @@ from tenants import cli
 
 
 class Command(BaseCommand):
-    help = "Manage tenants: create SLUG | token SLUG | list | app SLUG | recount [SLUG]."
+    help = "Manage tenants: create SLUG | token SLUG | list | app SLUG | webhook ... | recount [SLUG]."
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True)
@@ -34,6 +34,8 @@ class Command(BaseCommand):
         )
         p.add_argument("--redirect-uri", action="append", dest="redirect_uris", default=None)
         p.add_argument("--scopes", nargs="+", default=None, help="scopes granted (default: mcp:tools mcp:tasks)")
+        p.add_argument("--owner", default=None,
+                       help="client-credentials: the operator (username) its audit:read tokens act for")
         p = sub.add_parser("member", help="make a user a member of a tenant (authorization-code tokens)")
         p.add_argument("slug")
         p.add_argument("username")
@@ -44,6 +46,18 @@ class Command(BaseCommand):
         group = p.add_mutually_exclusive_group(required=True)
         group.add_argument("--tenant", dest="slug", help="the tenant the role applies to")
         group.add_argument("--all-tenants", action="store_true", help="auditors only: every tenant, read-only")
+        p = sub.add_parser("webhook", help="webhook endpoints: add SLUG URL | rotate ID | list SLUG")
+        hooks = p.add_subparsers(dest="webhook_action", required=True)
+        h = hooks.add_parser("add", help="register an endpoint; prints its signing secret (last line)")
+        h.add_argument("slug")
+        h.add_argument("url")
+        h.add_argument("--principal", default=None, help="only this principal's tasks (default: the tenant's)")
+        h.add_argument("--events", nargs="+", default=None,
+                       help="default: task.input_required task.completed task.failed task.cancelled")
+        h = hooks.add_parser("rotate", help="new signing secret (last line); the old one signs during the overlap")
+        h.add_argument("endpoint_id", type=int)
+        h = hooks.add_parser("list", help="list a tenant's endpoints")
+        h.add_argument("slug")
         p = sub.add_parser("recount", help="repair the concurrency counters from the task table")
         p.add_argument("slug", nargs="?", default=None)
 
@@ -66,6 +80,8 @@ class Command(BaseCommand):
                 lines = cli.recount(slug=options["slug"])
             elif action == "operator":
                 lines = cli.operator(username=options["username"], role=options["role"], slug=options.get("slug"))
+            elif action == "webhook":
+                lines = self._webhook(options)
             elif action == "member":
                 lines = cli.member(slug=options["slug"], username=options["username"], scopes=options["scopes"])
             else:
@@ -75,8 +91,18 @@ class Command(BaseCommand):
                     grant=options["grant"],
                     redirect_uris=options["redirect_uris"],
                     scopes=options["scopes"],
+                    owner=options["owner"],
                 )
         except cli.CliError as exc:
             raise CommandError(str(exc)) from None
         for line in lines:
             self.stdout.write(line)
+
+    def _webhook(self, options: dict[str, Any]) -> list[str]:
+        what = options["webhook_action"]
+        if what == "add":
+            return cli.webhook_add(slug=options["slug"], url=options["url"], principal=options["principal"],
+                                   events=options["events"])
+        if what == "rotate":
+            return cli.webhook_rotate(endpoint_id=options["endpoint_id"])
+        return cli.webhook_list(slug=options["slug"])

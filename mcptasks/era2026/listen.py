@@ -1,0 +1,122 @@
+"""``subscriptions/listen``: what one listen stream agreed to, and what it sends.
+
+A listen is an SSE response the consumer keeps open (``McpConsumer.start_listen``). Its task
+notifications ride on the same mechanism as a 2025-11-25 ``tasks/result`` stream: the consumer
+joins each acknowledged task's group (:func:`mcptasks.bus.task_group`), the ``task.signal``
+that any process (web or worker) sends on a change wakes it, and while the channel layer fails
+the consumer's fallback poll and its periodic re-check read the store instead. On every wake-up
+this module re-renders the tasks with :func:`mcptasks.era2026.handlers.task_as_seen_by`, the function
+``tasks/get`` answers with, and hands back only the ones that changed since they were last sent.
+
+Only ``notifications/tasks`` is ever sent for a task: never progress or log messages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.utils import timezone
+
+from tenants.auth import AuthContext
+
+from .. import selectors, services, watch
+from ..models import Task
+from ..protocol import jsonrpc
+from ..protocol.era2026 import COMPLETE, META_SERVER_INFO, META_SUBSCRIPTION_ID
+from ..protocol.messages import TASK_ID_PATTERN
+from ..transport import sse
+from . import handlers
+
+_TASK_ID_RE = re.compile(TASK_ID_PATTERN)
+
+
+def listenable(*, auth: AuthContext, task_ids: list[str]) -> list[str]:
+    """The ids of ``task_ids`` the caller may watch, in the order asked, each once.
+
+    Exactly what ``tasks/get`` would find: the caller's own live tasks, or the tenant's with
+    ``mcp:tasks:tenant``. Malformed, unknown, expired and foreign ids are left out alike (and
+    audited as failed lookups, which also flags enumeration and cross-tenant probes).
+    """
+    wanted = list(dict.fromkeys(t for t in task_ids if _TASK_ID_RE.fullmatch(t)))
+    now = timezone.now()
+    found = {
+        t.task_id for t in selectors._task_queryset(auth=auth).filter(task_id__in=wanted).only(
+            "task_id", "expires_at", "status")
+        if not selectors.is_expired(t, now=now)
+    } if wanted else set()
+    for task_id in dict.fromkeys(task_ids):
+        if task_id not in found:
+            watch.lookup_failed(auth=auth, method="subscriptions/listen", task_id=task_id[:100],
+                                error="Failed to retrieve task: Task not found")
+    return [t for t in wanted if t in found]
+
+
+def _views(*, auth: AuthContext, task_ids: list[str]) -> dict[str, tuple[Task, dict[str, Any]]]:
+    """``tasks/get``'s answer for each visible task of ``task_ids`` (re-scoped on every read)."""
+    now = timezone.now()
+    return {
+        task.task_id: (task, handlers.task_as_seen_by(task, principal_id=auth.principal_id))
+        for task in selectors._task_queryset(auth=auth).filter(task_id__in=task_ids)
+        if not selectors.is_expired(task, now=now)
+    }
+
+
+def _frame(message: dict[str, Any]) -> bytes:
+    return sse.event(json.dumps(message, separators=(",", ":")))
+
+
+@dataclass
+class Listen:
+    """One open listen: its request id (the subscription id), what it agreed to, what it sent."""
+
+    auth: AuthContext
+    request_id: str | int
+    agreed: dict[str, Any]
+    task_ids: list[str]
+    #: A digest of the last state sent per task id: a wake-up that changed nothing sends nothing.
+    sent: dict[str, bytes] = field(default_factory=dict)
+
+    def _meta(self) -> dict[str, Any]:
+        return {META_SUBSCRIPTION_ID: self.request_id}
+
+    def acknowledgement(self) -> bytes:
+        """``notifications/subscriptions/acknowledged``: the first message of the stream."""
+        return _frame({"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
+                       "params": {"notifications": self.agreed, "_meta": self._meta()}})
+
+    def ending(self) -> bytes:
+        """The ``SubscriptionsListenResult`` that ends the stream gracefully (shutdown, lifetime bound)."""
+        return _frame(jsonrpc.response(self.request_id, {
+            "resultType": COMPLETE,
+            "_meta": {**self._meta(), META_SERVER_INFO: handlers.server_info()},
+        }))
+
+    async def changes(self, task_ids: list[str] | None = None) -> list[bytes]:
+        """``notifications/tasks`` for each of ``task_ids`` (default: all) whose state changed."""
+        ids = [t for t in (task_ids if task_ids is not None else self.task_ids) if t in self.task_ids]
+        if not ids:
+            return []
+        views = await sync_to_async(_views)(auth=self.auth, task_ids=ids)
+        frames = []
+        for task_id in ids:
+            found = views.get(task_id)
+            if found is None:
+                continue  # gone (expired, deleted): nothing more to say about it
+            task, view = found
+            params = {k: v for k, v in view.items() if k != "resultType"}
+            # A digest, not the rendering: a listen holds 32 bytes per task, whatever its result's size.
+            rendered = hashlib.sha256(json.dumps(params, sort_keys=True, separators=(",", ":")).encode()).digest()
+            if self.sent.get(task_id) == rendered:
+                continue
+            self.sent[task_id] = rendered
+            if "result" in params:
+                # Delivering an outcome is a retrieval, audited as tasks/get's is.
+                await services.arecord_task_retrieval(auth=self.auth, task=task)
+            frames.append(_frame({"jsonrpc": "2.0", "method": "notifications/tasks",
+                                  "params": {**params, "_meta": self._meta()}}))
+        return frames
