@@ -233,14 +233,30 @@ def _request_wake() -> None:
 WAKE_GAP_S = 0.02
 
 
+#: How often an owed wake-up (one Redis did not take) is tried again.
+WAKE_RETRY_S = 0.25
+
+
 async def _send_wakes() -> None:
+    loop = asyncio.get_running_loop()
+    owed_since: float | None = None
     try:
         while True:
             _wake["again"] = False
-            await group_send(WORKERS_GROUP, {"type": "worker.wake"})
-            await asyncio.sleep(WAKE_GAP_S)
-            if not _wake["again"]:
+            if await group_send(WORKERS_GROUP, {"type": "worker.wake"}):
+                owed_since = None
+                await asyncio.sleep(WAKE_GAP_S)
+                if not _wake["again"]:
+                    return
+                continue
+            # Redis did not take it (failing over, or the breaker is open): the wake-up is owed,
+            # not dropped, or the task it announced waits for the workers' poll. Past one poll
+            # period the workers have claimed it on their own.
+            now = loop.time()
+            owed_since = now if owed_since is None else owed_since
+            if now - owed_since > conf.get().WORKER_POLL_S:
                 return
+            await asyncio.sleep(WAKE_RETRY_S)
     finally:
         _wake["running"] = False
 

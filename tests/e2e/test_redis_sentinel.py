@@ -130,7 +130,11 @@ class Load:
         with httpx.Client(timeout=10) as http:
             while not self.stop.is_set():
                 t0 = time.monotonic()
-                r = http.get(f"{self.web.base}/readyz")
+                try:
+                    r = http.get(f"{self.web.base}/readyz")
+                except httpx.HTTPError as exc:  # a probe that times out is not ready either
+                    self.not_ready.append((time.monotonic(), f"/readyz {exc!r}"[:300]))
+                    continue
                 self.slowest_ready = max(self.slowest_ready, time.monotonic() - t0)
                 self.ready_reads += 1
                 body = r.json()
@@ -167,7 +171,8 @@ def _check_recovered(client: McpClient, web: Proc, listener: Listener, since: fl
     assert listener.error is None and not listener.done.is_set(), "the stream was dropped"
     # Wake-ups: the worker is back in its group on the new primary (milliseconds, not its poll).
     latencies: list[float] = []
-    while time.monotonic() < deadline or not latencies:
+    # At least three samples, even past the deadline: the median of fewer says nothing.
+    while time.monotonic() < deadline or len(latencies) < 3:
         latencies.append(_wake_up_latency(client))
         if len(latencies) >= 3 and statistics.median(latencies[-3:]) < WOKEN_S:
             break
@@ -207,10 +212,7 @@ def test_failover_under_load(procs: tuple[Proc, Proc], sentinel: PrivateSentinel
     # switch); before that only while the old primary is going away (a killed primary is an outage
     # until the Sentinels promote the replica). With readiness reporting Redis trouble as a
     # 200 "degraded", not_ready stays empty.
-    late = [(round(t - switched, 2), what) for t, what in load.not_ready if t > switched + RECOVERY_S / 2]
-    assert not late, late[:10]
-    if how == "sentinel_failover":
-        assert len(load.not_ready) <= 3, load.not_ready
+    assert not load.not_ready, [(round(t - switched, 2), what) for t, what in load.not_ready][:10]
     for p, start in zip((web, worker), before, strict=True):
         noisy = _noisy(_log_lines(p)[start:])
         assert len(noisy) <= MAX_LOG_LINES_PER_FAILOVER, noisy[:40]

@@ -85,3 +85,36 @@ async def test_a_burst_of_wake_ups_becomes_a_few_sends(monkeypatch: pytest.Monke
         assert len([m for g, m in sent if g == bus.WORKERS_GROUP]) == count + 1
     finally:
         bus.serve_on(None)
+
+
+async def test_a_wake_up_skipped_by_an_open_breaker_is_sent_once_redis_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A wake-up that could not be sent (Redis failing over: the breaker is open, or the send
+    failed) is owed, not dropped: the task it announced would otherwise wait for the workers'
+    poll (found by the Sentinel failover test: a 6 s wake-up after the failover)."""
+    import asyncio
+
+    sent: list[str] = []
+    answers = iter([False, False])  # the breaker is open twice, then Redis takes the send
+
+    async def flaky_group_send(group: str, message: dict[str, object]) -> bool:
+        ok = next(answers, True)
+        if ok:
+            sent.append(group)
+        return ok
+
+    monkeypatch.setattr(bus, "group_send", flaky_group_send)
+    monkeypatch.setattr(bus, "get_channel_layer", lambda: object())
+    monkeypatch.setattr(bus, "WAKE_RETRY_S", 0.01, raising=False)
+    bus.serve_on(asyncio.get_running_loop())
+    try:
+        await asyncio.to_thread(bus.wake_workers)
+        for _ in range(200):
+            if sent:
+                break
+            await asyncio.sleep(0.01)
+        assert sent == [bus.WORKERS_GROUP]
+        await bus.flush(within_s=2)
+    finally:
+        bus.serve_on(None)

@@ -212,6 +212,45 @@ def test_counters_follow_a_failover(settings: Any, sentinel: PrivateSentinel,
         kv.reset()
 
 
+def test_a_blocked_read_leaves_the_old_primary_whoever_notices_the_move(sentinel: PrivateSentinel) -> None:
+    """A new connection that learns of the failover first must not leave a blocked read behind.
+
+    redis-py updates the pool's address on a new connection but drops only idle connections; the
+    pool's watch then saw the address already current and did nothing, and a worker's BZPOPMIN
+    stayed on the demoted primary for the read's whole timeout (its wake-ups went to the new one).
+    """
+    import asyncio
+
+    from redis import asyncio as aioredis
+
+    from tenants import redis_url
+
+    async def scenario() -> float:
+        pool = redis_url.async_pool(sentinel.url, max_connections=10, timeout=5)
+        client = aioredis.Redis(connection_pool=pool)
+        try:
+            await client.set("blocked-read-probe", 1)
+            started = asyncio.get_running_loop().time()
+            read = asyncio.ensure_future(client.bzpopmin("blocked-read-probe-q", timeout=20))
+            await asyncio.sleep(0.3)
+            await asyncio.to_thread(sentinel.failover)
+            # What a new connection does on connect: it asks the Sentinels first.
+            await pool.get_master_address()
+            try:
+                await asyncio.wait_for(read, timeout=20)
+            except Exception:
+                pass
+            return asyncio.get_running_loop().time() - started
+        finally:
+            await client.aclose()
+            await pool.disconnect()
+
+    took = asyncio.run(scenario())
+    sentinel.wait_settled()
+    # Ends with the move (a second or two), not after the read's 20 s timeout.
+    assert took < 10, took
+
+
 def test_service_name_is_the_sentinel_service() -> None:
     assert SERVICE == redis_url.parse(f"redis+sentinel://h:1/{SERVICE}").service
 
@@ -251,3 +290,60 @@ def test_a_single_server_turned_replica_is_reconnected_not_kept(settings: Any, t
         admin.close()
         primary.stop()
         other.stop()
+
+
+# --- which primary the Sentinels name -------------------------------------------------------------
+
+
+class _FakeSentinel:
+    """A Sentinel answering SENTINEL MASTERS with one fixed view of the service."""
+
+    def __init__(self, ip: str, port: int, epoch: int) -> None:
+        self.state = {"ip": ip, "port": port, "config-epoch": epoch, "is_master": True,
+                      "is_sdown": False, "is_odown": False, "num-other-sentinels": 2}
+
+    def sentinel_masters(self) -> dict[str, Any]:
+        return {"svc": self.state}
+
+
+class _AsyncFakeSentinel(_FakeSentinel):
+    async def sentinel_masters(self) -> dict[str, Any]:  # type: ignore[override]
+        return {"svc": self.state}
+
+
+def _views(cls: type[_FakeSentinel]) -> list[_FakeSentinel]:
+    # The first Sentinel has not heard of the failover yet: it still names the old primary (a
+    # killed primary just restarted, answering as a primary until it is turned into a replica).
+    return [cls("10.0.0.1", 6379, 1), cls("10.0.0.2", 6379, 2), cls("10.0.0.2", 6379, 2)]
+
+
+def test_the_newest_epoch_names_the_primary_not_the_first_sentinel() -> None:
+    """Found by the Sentinel failover test: a process that asked a Sentinel which had not yet
+    heard of the failover reconnected to the restarted old primary, and its stream's blocking
+    read and group memberships stayed there (a tasks/result stream that never answered)."""
+    from redis import sentinel as ssentinel
+
+    from tenants.redis_url import EpochSentinel, _newest_primary
+
+    manager = EpochSentinel([("127.0.0.1", 1)])
+    manager.sentinels = _views(_FakeSentinel)  # type: ignore[assignment]
+    assert manager.discover_master("svc") == ("10.0.0.2", 6379)
+    # redis-py's own rule (the first Sentinel that answers) picks the stale one: the bug.
+    plain = ssentinel.Sentinel([("127.0.0.1", 1)])
+    plain.sentinels = _views(_FakeSentinel)  # type: ignore[assignment]
+    assert plain.discover_master("svc") == ("10.0.0.1", 6379)
+    # The same epoch everywhere: most Sentinels win.
+    assert _newest_primary([{"ip": "a", "port": 1, "config-epoch": 3}, {"ip": "b", "port": 1, "config-epoch": 3},
+                            {"ip": "b", "port": 1, "config-epoch": 3}]) == ("b", 1)
+    with pytest.raises(ssentinel.MasterNotFoundError):
+        empty = EpochSentinel([("127.0.0.1", 1)])
+        empty.sentinels = []
+        empty.discover_master("svc")
+
+
+async def test_the_async_manager_trusts_the_newest_epoch_too() -> None:
+    from tenants.redis_url import AsyncEpochSentinel
+
+    manager = AsyncEpochSentinel([("127.0.0.1", 1)])
+    manager.sentinels = _views(_AsyncFakeSentinel)  # type: ignore[assignment]
+    assert await manager.discover_master("svc") == ("10.0.0.2", 6379)
