@@ -171,3 +171,28 @@ def test_a_failed_read_fails_in_the_consumers_dispatch() -> None:
 
     error = async_to_sync(scenario)()
     assert isinstance(error, OperationalError)
+
+
+def test_a_2026_tasks_change_goes_straight_to_its_signal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 2026-07-28 task's session is one request's row that no client holds: a status change
+    stores no 2025 notification there (a transaction and a channel-layer send that would come
+    before the listen's wake-up), while a 2025-11-25 session's task still gets its own."""
+    from mcptasks import bus
+    from mcptasks.models import StreamEvent
+    from mcptasks.protocol.era2026 import RequestMeta
+    from tests.support.factories import make_session
+
+    signals: list[str] = []
+    monkeypatch.setattr(bus, "signal_task", lambda task_id, event, **_: signals.append(task_id))
+    owner = make_auth()
+    request_row = era_tasks.open_request_session(auth=owner, meta=RequestMeta.model_validate(
+        {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}))
+    new_era = make_task(owner, request_row)
+    old_era = make_task(owner, make_session(owner))
+    before = StreamEvent.objects.count()
+    assert services.set_status_message(task=new_era, message="a")
+    assert StreamEvent.objects.count() == before
+    assert services.set_status_message(task=old_era, message="b")
+    assert StreamEvent.objects.filter(session_id=old_era.session_id).count() == 1
+    assert StreamEvent.objects.count() == before + 1
+    assert signals == [new_era.task_id, old_era.task_id]
