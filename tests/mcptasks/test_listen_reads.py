@@ -196,3 +196,7 @@ def test_a_2026_tasks_change_goes_straight_to_its_signal(monkeypatch: pytest.Mon
     assert StreamEvent.objects.filter(session_id=old_era.session_id).count() == 1
     assert StreamEvent.objects.count() == before + 1
     assert signals == [new_era.task_id, old_era.task_id]
+    # A 2025-11-25 tasks/result stream waiting on the 2026 task still gets its notifications.
+    Task.objects.filter(pk=new_era.pk).update(stream_id="r-bound")
+    assert services.set_status_message(task=new_era, message="c")
+    assert StreamEvent.objects.filter(stream_id="r-bound").count() == 1
