@@ -212,7 +212,8 @@ class AppSettings:
         "endpoint with no successful delivery for this long is disabled (audited, logged).",
     )
     WEBHOOK_BACKOFF_BASE_S: float = setting(
-        5.0, "First retry delay of a failed webhook delivery; doubled per attempt (full jitter)."
+        5.0, "First retry delay of a failed webhook delivery; doubled per attempt, and each delay is "
+        "half fixed, half random (jitter)."
     )
     WEBHOOK_BACKOFF_MAX_S: float = setting(3600.0, "Longest delay between two attempts of one webhook delivery.")
     WEBHOOK_TIMEOUT_S: float = setting(10.0, "Longest time one webhook request may take (connect, send, answer).")

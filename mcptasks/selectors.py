@@ -97,6 +97,27 @@ async def aget_task(*, auth: AuthContext, task_id: str, status_only: bool = Fals
     return await sync_to_async(get_task)(auth=auth, task_id=task_id)
 
 
+async def alive_tasks(*, auth: AuthContext, task_ids: list[str]) -> list[Task]:
+    """The caller's unexpired tasks among ``task_ids`` (any order), in one read.
+
+    Scoped as :func:`get_task`; unknown, foreign and expired ids are simply absent. No thread
+    hop on PostgreSQL (fastreads), the ORM in a thread otherwise.
+    """
+    task_ids = list(dict.fromkeys(task_ids))
+    if not task_ids:
+        return []
+    now = timezone.now()
+    if fastreads.available():
+        where, params = _task_where(auth=auth)
+        with contextlib.suppress(fastreads.Unavailable):
+            rows = await fastreads.fetch_many(
+                Task, where=[*where, '"task_id" = ANY(%s)'], params=[*params, task_ids],
+                order_by='"seq"', limit=len(task_ids))
+            return [t for t in rows if not is_expired(t, now=now)]
+    rows = await sync_to_async(lambda: list(_task_queryset(auth=auth).filter(task_id__in=task_ids)))()
+    return [t for t in rows if not is_expired(t, now=now)]
+
+
 @dataclass(frozen=True)
 class SessionAndTask:
     """:func:`aget_session_and_task`'s answer: the session (None: not the caller's live one) and,

@@ -8,6 +8,7 @@ process can never store an illegal transition.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import secrets
 from typing import Any
@@ -351,14 +352,33 @@ def set_status_message(*, task: Task, message: str, attempt: int | None = None) 
 def _after_change(task: Task) -> None:
     """Tell waiters (always) and the requestor (tasks only) that the task changed."""
     if task.kind == Task.Kind.TASK:
-        publish_for_task(task=task, message={
-            "jsonrpc": "2.0",
-            "method": "notifications/tasks/status",
-            "params": task.wire(),
-        })
+        message = {"jsonrpc": "2.0", "method": "notifications/tasks/status", "params": task.wire()}
+        if not _is_request_session(task.session_id):
+            publish_for_task(task=task, message=message)
+        else:
+            # Only a 2025-11-25 tasks/result stream bound to the task could read it (a client
+            # of that era may wait on a task created in this one): published there, as before.
+            bound = Task.objects.filter(pk=task.pk).values_list("stream_id", flat=True).first()
+            if bound:
+                bus.publish(session_id=task.session_id, stream_id=bound, message=message)
     elif task.is_terminal and task.stream_id:
         _publish_request_outcome(task)
     bus.signal_task(task.task_id, "changed", status=task.status)
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_request_session(session_id: str) -> bool:
+    """Whether ``session_id`` is the session row of one 2026-07-28 request.
+
+    No client ever holds such a session (the era has none): nobody can open or resume its GET
+    stream, so a ``notifications/tasks/status`` stored there would be read by no one. Skipping it
+    spares each status change a transaction and a channel-layer send before the task's signal,
+    the wake-up of ``subscriptions/listen`` (the issue-29 latency budget). A session's protocol
+    version never changes, so the answer is cached (sessions ids are server-made, bounded).
+    """
+    if not session_id:
+        return False
+    return McpSession.objects.filter(pk=session_id, protocol_version=ERA2026_VERSION).exists()
 
 
 def _publish_request_outcome(task: Task) -> None:

@@ -21,7 +21,7 @@ from tenants.auth import AuthContext
 
 from .. import conf, dbwrites, idempotency, selectors, services, watch
 from .. import handlers as legacy
-from ..models import Task
+from ..models import Task, TaskStatus
 from ..protocol import era2026, versions
 from ..protocol.dispatch import Dispatcher
 from ..protocol.era2026 import (
@@ -292,15 +292,17 @@ def era_error(err: McpError) -> McpError:
 # --- tasks (the extension) --------------------------------------------------------------------
 
 
-def task_as_seen_by(task: Task, *, principal_id: int | None) -> dict[str, Any]:
+def task_as_seen_by(task: Task, *, principal_id: int | None,
+                    requests: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """``tasks/get``'s answer about ``task`` for ``principal_id`` (None: a tenant-wide reader).
 
     The one rendering of a DetailedTask: also what ``notifications/tasks`` carries on a listen
     (:mod:`.listen`) and the body of a webhook event (:mod:`mcptasks.webhooks`), so what a
-    listener or an endpoint receives is exactly what its principal would read. Sync: it may read
-    pending input requests.
+    listener or an endpoint receives is exactly what its principal would read. Sync: it reads
+    the pending input requests of an ``input_required`` task unless given them (``requests``,
+    as :func:`atasks_as_seen_by` reads them).
     """
-    detailed = tasks.detailed_task(task)
+    detailed = tasks.detailed_task(task, requests=requests)
     if task.principal_id != principal_id:
         # A tenant-wide reader sees the status, never the owner's elicitation text or sampling
         # prompts (the 2025-11-25 path never binds its stream either).
@@ -308,6 +310,15 @@ def task_as_seen_by(task: Task, *, principal_id: int | None) -> dict[str, Any]:
     if "error" in detailed:
         detailed["error"] = era_error(McpError.from_error(detailed["error"])).to_error()
     return detailed
+
+
+async def atasks_as_seen_by(found: list[Task], *, principal_id: int | None) -> list[dict[str, Any]]:
+    """:func:`task_as_seen_by` of each of ``found`` from async code, without a thread hop on
+    PostgreSQL: the outstanding input requests of the ``input_required`` ones are read in one
+    query (:func:`tasks.apending_requests`), then each task is rendered by the same function."""
+    waiting = [t for t in found if t.status == TaskStatus.INPUT_REQUIRED]
+    requests = await tasks.apending_requests(tasks=waiting) if waiting else {}
+    return [task_as_seen_by(t, principal_id=principal_id, requests=requests.get(t.pk, {})) for t in found]
 
 
 def _require_tasks(ctx: EraContext) -> None:
@@ -318,7 +329,7 @@ def _require_tasks(ctx: EraContext) -> None:
 async def _lookup(ctx: EraContext, task_id: str, method: str) -> Task:
     """The caller's task (another tenant's or principal's is the same -32602 as a missing one)."""
     try:
-        return await sync_to_async(selectors.get_task)(auth=ctx.auth, task_id=task_id)
+        return await selectors.aget_task(auth=ctx.auth, task_id=task_id)
     except McpError as exc:
         await watch.alookup_failed(auth=ctx.auth, method=method, task_id=task_id, error=exc.message)
         raise
@@ -329,7 +340,7 @@ async def tasks_get(ctx: EraContext, params: TaskIdParams) -> dict[str, Any]:
     """The task with its ``inputRequests``, ``result`` or ``error``."""
     _require_tasks(ctx)
     task = await _lookup(ctx, params.taskId, "tasks/get")
-    detailed = await sync_to_async(task_as_seen_by)(task, principal_id=ctx.auth.principal_id)
+    (detailed,) = await atasks_as_seen_by([task], principal_id=ctx.auth.principal_id)
     if "result" in detailed:
         await services.arecord_task_retrieval(auth=ctx.auth, task=task)
     return detailed

@@ -5,8 +5,10 @@ notifications ride on the same mechanism as a 2025-11-25 ``tasks/result`` stream
 joins each acknowledged task's group (:func:`mcptasks.bus.task_group`), the ``task.signal``
 that any process (web or worker) sends on a change wakes it, and while the channel layer fails
 the consumer's fallback poll and its periodic re-check read the store instead. On every wake-up
-this module re-renders the tasks with :func:`mcptasks.era2026.handlers.task_as_seen_by`, the function
-``tasks/get`` answers with, and hands back only the ones that changed since they were last sent.
+this module re-reads the tasks (one read per wake-up, :func:`mcptasks.selectors.alive_tasks`) and
+re-renders them with :func:`mcptasks.era2026.handlers.task_as_seen_by`, the function ``tasks/get``
+answers with (both through :func:`~mcptasks.era2026.handlers.atasks_as_seen_by`), and hands back
+only the ones that changed since they were last sent.
 
 Only ``notifications/tasks`` is ever sent for a task: never progress or log messages.
 """
@@ -19,13 +21,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.utils import timezone
 
 from tenants.auth import AuthContext
 
 from .. import selectors, services, watch
-from ..models import Task
 from ..protocol import jsonrpc
 from ..protocol.era2026 import COMPLETE, META_SERVER_INFO, META_SUBSCRIPTION_ID
 from ..protocol.messages import TASK_ID_PATTERN
@@ -54,16 +54,6 @@ def listenable(*, auth: AuthContext, task_ids: list[str]) -> list[str]:
             watch.lookup_failed(auth=auth, method="subscriptions/listen", task_id=task_id[:100],
                                 error="Failed to retrieve task: Task not found")
     return [t for t in wanted if t in found]
-
-
-def _views(*, auth: AuthContext, task_ids: list[str]) -> dict[str, tuple[Task, dict[str, Any]]]:
-    """``tasks/get``'s answer for each visible task of ``task_ids`` (re-scoped on every read)."""
-    now = timezone.now()
-    return {
-        task.task_id: (task, handlers.task_as_seen_by(task, principal_id=auth.principal_id))
-        for task in selectors._task_queryset(auth=auth).filter(task_id__in=task_ids)
-        if not selectors.is_expired(task, now=now)
-    }
 
 
 def _frame(message: dict[str, Any]) -> bytes:
@@ -101,13 +91,16 @@ class Listen:
         ids = [t for t in (task_ids if task_ids is not None else self.task_ids) if t in self.task_ids]
         if not ids:
             return []
-        views = await sync_to_async(_views)(auth=self.auth, task_ids=ids)
+        # One read for every task of the wake-up, and the tasks/get rendering, with no thread
+        # hop on PostgreSQL: this is the listen's whole latency budget on the web side.
+        found = await selectors.alive_tasks(auth=self.auth, task_ids=ids)
+        rendered_views = await handlers.atasks_as_seen_by(found, principal_id=self.auth.principal_id)
+        views = {task.task_id: (task, view) for task, view in zip(found, rendered_views, strict=True)}
         frames = []
         for task_id in ids:
-            found = views.get(task_id)
-            if found is None:
+            if task_id not in views:
                 continue  # gone (expired, deleted): nothing more to say about it
-            task, view = found
+            task, view = views[task_id]
             params = {k: v for k, v in view.items() if k != "resultType"}
             # A digest, not the rendering: a listen holds 32 bytes per task, whatever its result's size.
             rendered = hashlib.sha256(json.dumps(params, sort_keys=True, separators=(",", ":")).encode()).digest()

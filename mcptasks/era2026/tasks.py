@@ -9,10 +9,11 @@ key, waiting for a run to need input or end) and the wire form of a task in this
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -21,7 +22,7 @@ from django.utils import timezone
 
 from tenants.auth import AuthContext
 
-from .. import bus, limits, services
+from .. import bus, fastreads, limits, services
 from ..context import INPUT_KEY_META
 from ..models import TERMINAL, McpSession, StreamEvent, Task, TaskMessage, TaskStatus, _iso
 from ..protocol.era2026 import INPUT_KEY_PATTERN, VERSION, RequestMeta, task_wire
@@ -117,7 +118,40 @@ def input_request(message: TaskMessage) -> dict[str, Any]:
 def pending_requests(*, task: Task) -> dict[str, dict[str, Any]]:
     """Every outstanding input request of ``task`` by key (oldest first)."""
     msgs = TaskMessage.objects.filter(task_id=task.pk, answered_at__isnull=True).order_by("id")
-    return {input_key(m): input_request(m) for m in msgs}
+    return requests_by_key(msgs)
+
+
+def requests_by_key(messages: Iterable[TaskMessage]) -> dict[str, dict[str, Any]]:
+    """``inputRequests`` from one task's outstanding messages, given oldest first."""
+    return {input_key(m): input_request(m) for m in messages}
+
+
+async def apending_requests(*, tasks: list[Task]) -> dict[int, dict[str, dict[str, Any]]]:
+    """:func:`pending_requests` of several tasks (by pk) from async code, in one query.
+
+    On PostgreSQL through :mod:`mcptasks.fastreads` (no thread hop); otherwise, or while that
+    path fails, through the ORM in a thread. Only committed rows are read on the fast path.
+    """
+    pks = [t.pk for t in tasks]
+    if not pks:
+        return {}
+    msgs: list[TaskMessage] | None = None
+    if fastreads.available():
+        with contextlib.suppress(fastreads.Unavailable):
+            msgs = await fastreads.fetch_many(
+                TaskMessage, where=['"task_id" = ANY(%s)', '"answered_at" IS NULL'], params=[pks],
+                order_by='"task_id", "id"', limit=_ALL_ROWS)
+    if msgs is None:
+        msgs = await sync_to_async(lambda: list(
+            TaskMessage.objects.filter(task_id__in=pks, answered_at__isnull=True).order_by("task_id", "id")))()
+    grouped: dict[int, list[TaskMessage]] = {pk: [] for pk in pks}
+    for m in msgs:
+        grouped[m.task_id].append(m)
+    return {pk: requests_by_key(group) for pk, group in grouped.items()}
+
+
+#: "Every row" for a fast read that needs a limit (a task's outstanding requests are few).
+_ALL_ROWS = 2**31 - 1
 
 
 def pending_count(*, task: Task) -> int:
@@ -240,12 +274,17 @@ def call_result(result: dict[str, Any] | None) -> dict[str, Any]:
     return {"resultType": "complete", **out}
 
 
-def detailed_task(task: Task) -> dict[str, Any]:
-    """``tasks/get``: the task plus ``inputRequests``, ``result`` or ``error`` as its status says."""
+def detailed_task(task: Task, *, requests: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """``tasks/get``: the task plus ``inputRequests``, ``result`` or ``error`` as its status says.
+
+    ``requests``: the task's outstanding input requests, if the caller read them already (see
+    :func:`apending_requests`); otherwise they are read here (sync) when the status needs them.
+    """
     out: dict[str, Any] = {"resultType": "complete", **task_object(task)}
     status = out["status"]
     if status == TaskStatus.INPUT_REQUIRED:
-        requests = pending_requests(task=task)
+        if requests is None:
+            requests = pending_requests(task=task)
         if requests:
             out["inputRequests"] = requests
         else:

@@ -175,6 +175,12 @@ class McpConsumer(AsyncHttpConsumer):
         self._stream_slot: tuple[limits.Owner, str] | None = None
         # A 2026-07-28 subscriptions/listen this connection serves (mode "listen").
         self.listen: Listen | None = None
+        # Wake-ups of the listen not read yet (task ids; ``_listen_all``: every watched task),
+        # and the one coroutine reading them: wake-ups arriving during a read share the next.
+        self._listen_due: set[str] = set()
+        self._listen_all = False
+        self._listen_reader: asyncio.Task[None] | None = None
+        self._listen_error: BaseException | None = None
 
     # Made on first use: a plain JSON answer (the hot path) never needs them.
 
@@ -343,7 +349,9 @@ class McpConsumer(AsyncHttpConsumer):
         if self.closed or self.stream_id is None or not self.streaming:
             return
         if self.listen is not None:
-            await self._listen_check(None)  # a listen has no stored events: re-read its tasks
+            # A listen has no stored events: re-read its tasks (through its one reader, so a
+            # stale read can never be sent after a newer one).
+            self._listen_wake(None)
             return
         await self._replay(await self._stored_events(self.stream_id, self.next_seq - 1))
         if self.mode == "task_result" and self.task is not None and not self.closed:
@@ -918,7 +926,7 @@ class McpConsumer(AsyncHttpConsumer):
         """Something happened to the task we stream the result of (or to one a listen watches)."""
         if self.listen is not None and not self.closed:
             task_id = message.get("task_id")
-            await self._listen_check([task_id] if isinstance(task_id, str) else None)
+            self._listen_wake([task_id] if isinstance(task_id, str) else None)
             return
         if self.mode == "task_result" and not self.closed:
             await self._check_task()
@@ -1010,6 +1018,45 @@ class McpConsumer(AsyncHttpConsumer):
             if self.closed:
                 return
             await self.send_body(frame, more_body=True)
+
+    def _listen_wake(self, task_ids: list[str] | None) -> None:
+        """Have the listen re-read ``task_ids`` (None: all it watches) as soon as it can.
+
+        The handler returns at once, so signals that arrive while a read is under way are
+        dispatched meanwhile and gathered here: when many watched tasks change together, one
+        read and rendering serves them all instead of one round trip each, queued one behind
+        the other.
+        """
+        if task_ids is None:
+            self._listen_all = True
+        else:
+            self._listen_due.update(task_ids)
+        if self._listen_reader is None or self._listen_reader.done():
+            self.background = [t for t in self.background if not t.done()]
+            self._listen_reader = asyncio.ensure_future(self._listen_read())
+            self.background.append(self._listen_reader)
+
+    async def _listen_read(self) -> None:
+        """Read and send what :meth:`_listen_wake` gathered until nothing is due (one at a time)."""
+        try:
+            while not self.closed and (self._listen_all or self._listen_due):
+                task_ids = None if self._listen_all else list(self._listen_due)
+                self._listen_all, self._listen_due = False, set()
+                await self._listen_check(task_ids)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # Raised again by the consumer's own dispatch (listen_failed), where a database
+            # outage ends the listen with its result and anything else ends the connection,
+            # exactly as when the read ran inside the signal's handler.
+            self._listen_error = exc
+            await self._send_self({"type": "listen.failed"})
+
+    async def listen_failed(self, message: dict[str, Any]) -> None:
+        """A listen read failed in :meth:`_listen_read`: fail here, in the consumer's dispatch."""
+        error, self._listen_error = self._listen_error, None
+        if error is not None:
+            raise error
 
     # --- GET ---------------------------------------------------------------------------------
 

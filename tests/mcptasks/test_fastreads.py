@@ -10,7 +10,7 @@ from asgiref.sync import async_to_sync
 from django.utils import timezone
 
 from mcptasks import fastreads, selectors
-from mcptasks.models import McpSession, Task
+from mcptasks.models import McpSession, Task, TaskMessage
 from mcptasks.protocol.errors import McpError
 from tests.support.factories import expire, make_auth, make_session, make_task
 from tests.support.requirements import require_postgres
@@ -275,7 +275,7 @@ def test_instances_built_from_rows_behave_like_the_orms() -> None:
     have no init signals, and the instances must save, refresh and defer like the ORM's."""
     from django.db.models import signals
 
-    for model in (McpSession, Task):
+    for model in (McpSession, Task, TaskMessage):  # TaskMessage: a listen's pending input requests
         assert not signals.pre_init.has_listeners(model) and not signals.post_init.has_listeners(model)
     owner = make_auth()
     task = make_task(owner)
