@@ -50,6 +50,13 @@ STATE_DIR = Path("/run/mcptasks-netns")
 #: What the hosts run with on top of :data:`tests.support.lost_host.HOST_ENV`: a transaction
 #: left open by a vanished host is closed by PostgreSQL after 3 s, well inside the 10 s lock
 #: timeout, so the other hosts' writes to the same tenant row wait instead of failing.
+#: PgBouncer's ``idle_transaction_timeout`` in the reference deployment: the backstop for the
+#: one moment the service's own bound is not yet set, between ``BEGIN`` and the ``SET LOCAL``
+#: that follows it (a separate round trip). A host lost right there leaves a transaction with
+#: no timeout at all, which without a backstop holds a PgBouncer server connection and a
+#: backend until TCP keepalives give up (hours).
+BACKSTOP_S = 12
+
 NS_ENV = {
     **HOST_ENV,
     "MCPTASKS_DB_POOLER": "transaction",
@@ -238,7 +245,8 @@ class Services:
 @contextmanager
 def services(stack: Stack, addr: str, *, pool_size: int = 8) -> Iterator[Services]:
     """A private PgBouncer (transaction mode) and Redis Sentinel deployment bound to ``addr``."""
-    bouncer = PrivatePgBouncer(stack.env["DATABASE_URL"], pool_size=pool_size, listen_addr=addr)
+    bouncer = PrivatePgBouncer(stack.env["DATABASE_URL"], pool_size=pool_size, listen_addr=addr,
+                               idle_transaction_timeout_s=BACKSTOP_S)
     tmp = Path(tempfile.mkdtemp(prefix="mcpt-sentinel-"))
     sentinel = PrivateSentinel(tmp, host=addr)
     try:
@@ -348,41 +356,38 @@ class LostHost(Host):
         return {"wall": wall, "in_transaction_at_loss": sorted(caught), "freeze_attempts": attempts,
                 "in_transaction_per_attempt": seen}
 
-    def _watch_open_transactions(self, wall: float, *, for_s: float = 20.0) -> None:
-        """How many transactions the lost host left open in PostgreSQL, and when the last one ended.
+    def _watch_open_transactions(self, wall: float, *, for_s: float = BACKSTOP_S + 10) -> None:
+        """Which transactions the lost host left open in PostgreSQL, and when each one ended.
 
         PgBouncer passes each client's ``application_name`` on to its server connection, so
         ``pg_stat_activity`` tells this host's backends apart; a transaction of theirs still
         open a second after the loss is one the host can no longer finish (idle, or waiting
         on a lock another of its transactions holds). PostgreSQL ends it after the
-        idle-in-transaction timeout.
+        idle-in-transaction timeout; PgBouncer's backstop ends one opened without it.
         """
         import psycopg
 
         db = self.stack.env["DATABASE_URL"].rsplit("/", 1)[1]
-        most = 0
-        last_seen = None
-        statements: set[str] = set()
+        open_tx: dict[int, dict[str, Any]] = {}
         rows: list[Any] = []
         end = time.monotonic() + for_s
         with psycopg.connect(self.stack.env["DATABASE_URL"], autocommit=True) as conn:
             while time.monotonic() < end:
                 rows = conn.execute(
-                    "SELECT application_name, state, left(query, 120) FROM pg_stat_activity WHERE datname = %s "
-                    "AND application_name LIKE %s AND xact_start IS NOT NULL "
+                    "SELECT pid, application_name, state, left(query, 100) FROM pg_stat_activity "
+                    "WHERE datname = %s AND application_name LIKE %s AND xact_start IS NOT NULL "
                     "AND now() - xact_start > interval '1 second'", (db, f"%-{self.tag}")).fetchall()
-                for row in rows:
-                    statements.add(" | ".join(str(x) for x in row))
-                if rows:
-                    most = max(most, len(rows))
-                    last_seen = time.time()
-                elif last_seen is not None or time.time() - wall > 6:
+                now = time.time()
+                for pid, app, state, query in rows:
+                    tx = open_tx.setdefault(int(pid), {"process": app, "first": f"{state}: {query}"})
+                    tx["last"] = f"{state}: {query}"
+                    tx["ended_after_s"] = round(now - wall, 2)
+                if not rows and (open_tx or now - wall > 6):
                     break
                 time.sleep(0.1)
         self._seen = {
-            "open_transactions_left": most,
-            "open_transactions_ended_after_s": (last_seen - wall) if last_seen is not None else None,
-            "open_transactions_statements": sorted(statements),
+            "open_transactions": list(open_tx.values()),
+            "open_transactions_left": len(open_tx),
             "open_transactions_at_watch_end": len(rows),
         }
 

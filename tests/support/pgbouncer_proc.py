@@ -31,11 +31,14 @@ def pgbouncer_binary() -> str | None:
 class PrivatePgBouncer:
     """``pgbouncer`` on a free port, transaction pooling, in front of ``upstream_url``'s server."""
 
-    def __init__(self, upstream_url: str, *, pool_size: int = 4, listen_addr: str = "127.0.0.1") -> None:
+    def __init__(self, upstream_url: str, *, pool_size: int = 4, listen_addr: str = "127.0.0.1",
+                 idle_transaction_timeout_s: int = 0) -> None:
         self.upstream = urlparse(upstream_url)
         # Another address than loopback (a bridge's, for hosts in network namespaces) is what
         # the processes connect to; the upstream PostgreSQL stays on its own address.
         self.listen_addr = listen_addr
+        # PgBouncer's own bound on a client idle inside a transaction (0: none, PgBouncer's default).
+        self.idle_transaction_timeout_s = idle_transaction_timeout_s
         self.port = free_port()
         self.pool_size = pool_size
         self.dir = Path(tempfile.mkdtemp(prefix="mcpt-pgb-"))
@@ -80,6 +83,7 @@ class PrivatePgBouncer:
             f"default_pool_size = {self.pool_size}\n"
             "max_client_conn = 500\n"
             "server_reset_query =\n"
+            f"idle_transaction_timeout = {self.idle_transaction_timeout_s}\n"
             f"logfile = {self.dir / 'pgbouncer.log'}\n"
             f"pidfile = {self.dir / 'pgbouncer.pid'}\n"
             "admin_users = postgres\n"
