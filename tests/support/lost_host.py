@@ -3,11 +3,10 @@
 A "host" here is a process group on loopback: one web process (daphne or granian) and one
 ``mcptasks_worker``, all sharing the stack's PostgreSQL database and Redis. Losing the host is
 SIGKILL of every one of its processes at once: no clean-up, no lease hand-back, no goodbye on
-the channel layer, the same as a machine powered off. We chose loopback process groups over
-network namespaces because namespaces need root (or unprivileged user namespaces, often off
-on CI runners and shared machines) and veth plumbing, while what the service can observe of a
-lost host (its connections reset, its leases no longer renewed) is the same either way: the
-failover path under test is lease expiry and re-claim in the database, not packet routing.
+the channel layer. Unlike a machine that loses power, though, its kernel still closes its
+connections. :mod:`tests.support.netns` runs the same scenario the hard way: hosts in network
+namespaces behind PgBouncer and Sentinel, lost by freezing them and taking their link down.
+Then nothing is closed or reset, and only the service's own bounds free what the host held.
 
 The load is a mix of ``test_counted_retryable`` (rerun elsewhere after the lease lapses) and
 ``test_counted_once`` (failed with "worker lost during execution"), each recording its start
