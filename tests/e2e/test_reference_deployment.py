@@ -28,13 +28,24 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 
 import pytest
 
 from tests.support.lost_host import run
-from tests.support.netns import BACKSTOP_S, NS_ENV, Deployment, deployment, unavailable
-from tests.support.requirements import REQUIRE_SERVICES, require_multiprocess
+from tests.support.netns import (
+    BACKSTOP_S,
+    NS_ENV,
+    PREFIX,
+    STATE_DIR,
+    Deployment,
+    Network,
+    deployment,
+    sweep_stale,
+    unavailable,
+)
+from tests.support.requirements import REQUIRE_SERVICES, require_multiprocess, skip_or_fail
 from tests.support.servers import Stack
 
 LEASE_S = float(NS_ENV["MCPTASKS_WORKER_LEASE_S"])
@@ -86,3 +97,43 @@ def test_host_lost_without_fin_mid_load(stack: Stack, reference: Deployment,
     survivors = [h for h in reference.hosts if h is not reference.hosts[-1]]
     logs = {p.log.name: _log_problems(p.log_text()) for h in survivors for p in (h.web, h.worker)}
     assert all(not lines for lines in logs.values()), logs
+
+
+def _require_netns() -> None:
+    reason = unavailable()
+    if reason is not None:
+        skip_or_fail(f"needs network namespaces: {reason}")
+
+
+def _ip_names(*args: str) -> str:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=True).stdout
+
+
+def test_network_is_removed_even_when_the_body_fails() -> None:
+    _require_netns()
+    net = Network(2)
+    with pytest.raises(RuntimeError, match="boom"), net:
+        assert net.namespaces[1].name in _ip_names("netns", "list")
+        assert net.bridge in _ip_names("link", "show")
+        raise RuntimeError("boom")
+    assert f"{PREFIX}{net.id}" not in _ip_names("netns", "list")
+    assert f"{PREFIX}{net.id}" not in _ip_names("link", "show")
+    assert not net.note.exists()
+
+
+def test_a_killed_runs_namespaces_are_swept_by_the_next() -> None:
+    _require_netns()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    name = f"{PREFIX}dead{dead.pid % 100:02d}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    note = STATE_DIR / name
+    note.write_text(f"{dead.pid} {name}")
+    try:
+        sweep_stale()
+        assert name not in _ip_names("netns", "list")
+        assert not note.exists()
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        note.unlink(missing_ok=True)
