@@ -12,9 +12,9 @@ is inside a transaction, the third host is frozen and its link taken down: no FI
 Then: every task reaches exactly one terminal state (one terminal audit event, a finished run
 behind each completion), the retryable runs it held rerun elsewhere and the others fail as
 "worker lost during execution", nothing stays unfinished, the transactions it left open end
-after the idle-in-transaction timeout (its row locks with them; one lost between ``BEGIN`` and
-the ``SET LOCAL`` of its bounds ends by PgBouncer's ``idle_transaction_timeout``, the backstop
-docs/operations.md asks for), the other hosts' clients see
+after the idle-in-transaction timeout (its row locks with them; one without the service's
+bounds would end by PgBouncer's ``idle_transaction_timeout``, the backstop docs/operations.md
+asks for), the other hosts' clients see
 no error at all, and the takeover (loss until the last orphan was rerun or failed) is the lease
 plus a poll.
 
@@ -93,7 +93,8 @@ def test_host_lost_without_fin_mid_load(stack: Stack, reference: Deployment,
     # Lost inside a transaction (PgBouncer saw it linked to a server connection), which stayed
     # open after the loss and was ended by PostgreSQL's idle-in-transaction timeout (a
     # transaction waiting on a lock of another one of the host's: after it, so twice that); one
-    # lost between its BEGIN and the SET LOCAL of its bounds, by PgBouncer's backstop.
+    # with no bounds (a bare BEGIN, as before BEGIN and the bounds left in one message), by
+    # PgBouncer's backstop.
     assert detail["in_transaction_at_loss"], detail
     assert detail["open_transactions_left"] >= 1, detail
     assert detail["open_transactions_at_watch_end"] == 0, detail

@@ -47,16 +47,15 @@ from tests.support.servers import WEB_SERVERS, Proc, Stack, free_port
 PREFIX = "mtn"
 STATE_DIR = Path("/run/mcptasks-netns")
 
+#: PgBouncer's ``idle_transaction_timeout`` in the reference deployment: the backstop for a
+#: transaction without the service's own bounds. One lost between ``BEGIN`` and the ``SET LOCAL``
+#: of its bounds, when the driver sent them on separate round trips, stayed open with no
+#: timeout at all (now they leave as one message: mcptasks/pooled_postgresql).
+BACKSTOP_S = 12
+
 #: What the hosts run with on top of :data:`tests.support.lost_host.HOST_ENV`: a transaction
 #: left open by a vanished host is closed by PostgreSQL after 3 s, well inside the 10 s lock
 #: timeout, so the other hosts' writes to the same tenant row wait instead of failing.
-#: PgBouncer's ``idle_transaction_timeout`` in the reference deployment: the backstop for the
-#: one moment the service's own bound is not yet set, between ``BEGIN`` and the ``SET LOCAL``
-#: that follows it (a separate round trip). A host lost right there leaves a transaction with
-#: no timeout at all, which without a backstop holds a PgBouncer server connection and a
-#: backend until TCP keepalives give up (hours).
-BACKSTOP_S = 12
-
 NS_ENV = {
     **HOST_ENV,
     "MCPTASKS_DB_POOLER": "transaction",
