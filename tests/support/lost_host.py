@@ -53,7 +53,7 @@ class Host:
     def lose(self) -> dict[str, Any]:
         """Lose the host (here: SIGKILL); returns what was observed of the loss, for the report.
 
-        :class:`tests.support.netns.NsHost` cuts its network instead.
+        :class:`tests.support.netns.LostHost` freezes it and cuts its link instead.
         """
         self.kill()
         return {}
