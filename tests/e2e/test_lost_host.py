@@ -6,9 +6,9 @@ third host gets SIGKILL. Then: every task created reaches exactly one terminal s
 terminal audit event, a finished run behind each completion), the retryable runs the lost host held are
 rerun by another worker, the non-retryable ones fail with "worker lost during execution",
 nothing stays ``working`` past the lease, and the clients of the surviving hosts saw no error.
-Process groups on loopback rather than network namespaces: namespaces need privileges that
-CI runners and shared machines rarely grant, and the failover under test (lease expiry and
-re-claim in the database) sees the same thing either way.
+Process groups on loopback, their connections closed by the kill; the same scenario with hosts
+in network namespaces, lost without FIN or RST behind PgBouncer and Sentinel, is
+tests/e2e/test_reference_deployment.py.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from mcptasks.models import McpSession, Task
 from tests.support.factories import make_auth, make_session, make_task
 from tests.support.pgbouncer_proc import PrivatePgBouncer
 from tests.support.requirements import require_postgres
+from tests.support.tcp_gate import TcpGate
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -154,6 +155,38 @@ def test_the_pooled_backend_bounds_each_transaction_without_leaking_to_the_share
         pooled.close()
     assert inside == ("4321ms", "5432ms")
     assert before == after == "0"
+
+
+def test_a_transaction_and_its_bounds_reach_the_server_in_one_flight(settings: Any) -> None:
+    """``BEGIN`` and the ``SET LOCAL`` of the bounds leave without a round trip between them.
+
+    Before, the driver sent ``BEGIN`` and waited for its answer before the statement setting the
+    bounds: a client host lost right then left a transaction with no timeout at all (caught by
+    tests/e2e/test_reference_deployment.py: ``idle in transaction``, query ``BEGIN``, still open
+    20 s later, holding a PgBouncer server connection and a backend until keepalives give up).
+    """
+    require_postgres()
+    from mcptasks.pooled_postgresql.base import DatabaseWrapper
+
+    settings.MCPTASKS = {**settings.MCPTASKS, "DB_POOLER": "transaction", "DB_IDLE_IN_TRANSACTION_TIMEOUT_MS": 6543}
+    db = dict(connections["default"].settings_dict)
+    gate = TcpGate((db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)), b"set_config")
+    db.update(HOST="127.0.0.1", PORT=str(gate.port),
+              OPTIONS=dbconfig.pg_connection_options(AppSettings(DB_POOLER="transaction")))
+    pooled = DatabaseWrapper(db, alias="pooled")
+    try:
+        pooled.ensure_connection()
+        pooled.set_autocommit(False)  # what atomic() does first
+        with pooled.cursor() as cur:
+            cur.execute("SELECT current_setting('idle_in_transaction_session_timeout')")
+            inside = cur.fetchone()[0]
+        pooled.commit()
+        pooled.set_autocommit(True)
+    finally:
+        pooled.close()
+        gate.close()
+    assert gate.same_flight is True, "the driver waited for BEGIN's answer before sending the bounds"
+    assert inside == "6543ms"
 
 
 def test_exports_read_in_keyset_pages_newest_first() -> None:

@@ -3,11 +3,10 @@
 A "host" here is a process group on loopback: one web process (daphne or granian) and one
 ``mcptasks_worker``, all sharing the stack's PostgreSQL database and Redis. Losing the host is
 SIGKILL of every one of its processes at once: no clean-up, no lease hand-back, no goodbye on
-the channel layer, the same as a machine powered off. We chose loopback process groups over
-network namespaces because namespaces need root (or unprivileged user namespaces, often off
-on CI runners and shared machines) and veth plumbing, while what the service can observe of a
-lost host (its connections reset, its leases no longer renewed) is the same either way: the
-failover path under test is lease expiry and re-claim in the database, not packet routing.
+the channel layer. Unlike a machine that loses power, though, its kernel still closes its
+connections. :mod:`tests.support.netns` runs the same scenario the hard way: hosts in network
+namespaces behind PgBouncer and Sentinel, lost by freezing them and taking their link down.
+Then nothing is closed or reset, and only the service's own bounds free what the host held.
 
 The load is a mix of ``test_counted_retryable`` (rerun elsewhere after the lease lapses) and
 ``test_counted_once`` (failed with "worker lost during execution"), each recording its start
@@ -51,6 +50,18 @@ class Host:
         line = next(x for x in self.worker.log_text().splitlines() if "running (concurrency" in x)
         return line.split("worker ", 1)[1].split(" running", 1)[0]
 
+    def lose(self) -> dict[str, Any]:
+        """Lose the host (here: SIGKILL); returns what was observed of the loss, for the report.
+
+        :class:`tests.support.netns.LostHost` freezes it and cuts its link instead.
+        """
+        self.kill()
+        return {}
+
+    def details(self) -> dict[str, Any]:
+        """Observations made after the loss (none for a killed process group)."""
+        return {}
+
     def kill(self) -> None:
         """SIGKILL every process of the host, as close to simultaneously as we can."""
         for p in (self.worker, self.web):
@@ -92,6 +103,7 @@ class Load:
     """What one client thread (bound to one host's web process) did and saw."""
 
     host: Host
+    client: int = 0  # which of the host's clients
     tasks: list[tuple[str, str, str]] = field(default_factory=list)  # (task id, tool, key)
     errors: list[str] = field(default_factory=list)
     statuses: dict[str, str] = field(default_factory=dict)
@@ -104,7 +116,8 @@ def drive(load: Load, *, count: int, gap_s: float, ms: tuple[int, int], stop: th
     Stops at the first error when the host is being killed (``stop`` set): its clients lose
     their server, which is expected; any error before that is recorded as a failure.
     """
-    rng = random.Random(run_id + load.host.name)
+    tag = f"{load.host.name}c{load.client}"
+    rng = random.Random(run_id + tag)
     try:
         client = McpClient(load.host.web.url)
         client.initialize()
@@ -116,7 +129,7 @@ def drive(load: Load, *, count: int, gap_s: float, ms: tuple[int, int], stop: th
             if stop.is_set():
                 return
             tool = "test_counted_once" if i % 3 == 2 else "test_counted_retryable"
-            key = f"{run_id}-{load.host.name}-{i}"
+            key = f"{run_id}-{tag}-{i}"
             try:
                 task = client.call_task(tool, {"key": key, "ms": rng.randint(*ms)})
                 load.tasks.append((task["taskId"], tool, key))
@@ -161,18 +174,24 @@ class Outcome:
     lost_host_errors: int
     problems: list[str]
     kill_wall: float
+    lost_detail: dict[str, Any] = field(default_factory=dict)
 
 
 def run(stack: Stack, hs: list[Host], *, per_host: int, gap_s: float, ms: tuple[int, int],
-        settle_s: float, min_running: int = 2) -> Outcome:
-    """Drive the load through every host, kill the last host mid-load, check the end state."""
+        settle_s: float, min_running: int = 2, clients_per_host: int = 1) -> Outcome:
+    """Drive the load through every host, lose the last host mid-load, check the end state.
+
+    ``per_host`` tasks per client, ``clients_per_host`` clients on each host's web process.
+    """
     run_id = "lh" + secrets.token_hex(3)
     victim = hs[-1]
     victim_worker = victim.worker_id
     stop = threading.Event()
-    loads = [Load(h) for h in hs]
+    loads = [Load(h, c) for h in hs for c in range(clients_per_host)]
+    # Daemon threads: a client of a host cut off the network may hang in a request until its
+    # timeout, and must not hold the run (or the interpreter) hostage.
     threads = [
-        threading.Thread(target=drive, args=(ld,),
+        threading.Thread(target=drive, args=(ld,), daemon=True,
                          kwargs={"count": per_host, "gap_s": gap_s, "ms": ms, "stop": stop if ld.host is victim
                                  else threading.Event(), "run_id": run_id})
         for ld in loads
@@ -187,30 +206,43 @@ def run(stack: Stack, hs: list[Host], *, per_host: int, gap_s: float, ms: tuple[
         if running >= min_running and len(loads[0].tasks) >= per_host // 3:
             break
         time.sleep(0.1)
+    # The victim's clients go on until the loss (its web process should be busy when it
+    # goes); what they see afterwards is counted apart.
+    kill_wall = time.time()
+    lost_detail = victim.lose()
+    kill_wall = lost_detail.pop("wall", kill_wall)
     stop.set()
-    # What the victim holds at the moment of the kill are the orphans (read just before: a
-    # claim between the read and the kill only adds orphans we do not track, and the
-    # all-terminal check below still covers them).
+    # What the victim holds once it is gone are the orphans: read right after the loss (long
+    # before any lease lapses), when the lost host can claim nothing more. A run it was
+    # finishing in a transaction the loss cut short stays ``working``: an orphan too.
     orphan_ids = [r[0] for r in sql(
         stack, "SELECT task_id FROM mcptasks_task WHERE status = 'working' AND worker_id = %s", (victim_worker,))]
-    kill_wall = time.time()
-    victim.kill()
-    for t in threads:
-        t.join(120)
-    survivors = loads[:-1]
+    survivors = [ld for ld in loads if ld.host is not victim]
+    for t, ld in zip(threads, loads, strict=True):
+        # The lost host's clients: an in-flight request may hang until its timeout.
+        t.join(120 if ld.host is not victim else 2)
     followers = [threading.Thread(target=follow, args=(ld,), kwargs={"timeout": settle_s}) for ld in survivors]
     for t in followers:
         t.start()
     for t in followers:
         t.join(settle_s + 30)
+    # The lost host's clients created tasks too (nobody polls them now): wait, within the
+    # same bound, until no task of the run is left unfinished; one still unfinished after it
+    # is reported as stranded by the check.
+    deadline = time.monotonic() + settle_s
+    while time.monotonic() < deadline and sql(
+            stack, "SELECT count(*) FROM mcptasks_task WHERE params->'arguments'->>'key' LIKE %s "
+            "AND status NOT IN ('completed', 'failed', 'cancelled')", (run_id + "-%",))[0][0]:
+        time.sleep(0.3)
     problems = check(stack, run_id, orphan_ids, victim_worker)
     takeover = takeover_s(stack, orphan_ids, kill_wall)
     created = sql(stack, "SELECT count(*) FROM mcptasks_task WHERE params->'arguments'->>'key' LIKE %s",
                   (run_id + "-%",))[0][0]
     return Outcome(
         created=int(created), orphaned=len(orphan_ids), orphan_ids=orphan_ids, takeover_s=takeover,
-        survivor_errors=[e for ld in survivors for e in ld.errors], lost_host_errors=len(loads[-1].errors),
-        problems=problems, kill_wall=kill_wall,
+        survivor_errors=[e for ld in survivors for e in ld.errors],
+        lost_host_errors=sum(len(ld.errors) for ld in loads if ld.host is victim),
+        problems=problems, kill_wall=kill_wall, lost_detail={**lost_detail, **victim.details()},
     )
 
 

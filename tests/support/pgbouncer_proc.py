@@ -31,8 +31,14 @@ def pgbouncer_binary() -> str | None:
 class PrivatePgBouncer:
     """``pgbouncer`` on a free port, transaction pooling, in front of ``upstream_url``'s server."""
 
-    def __init__(self, upstream_url: str, *, pool_size: int = 4) -> None:
+    def __init__(self, upstream_url: str, *, pool_size: int = 4, listen_addr: str = "127.0.0.1",
+                 idle_transaction_timeout_s: int = 0) -> None:
         self.upstream = urlparse(upstream_url)
+        # Another address than loopback (a bridge's, for hosts in network namespaces) is what
+        # the processes connect to; the upstream PostgreSQL stays on its own address.
+        self.listen_addr = listen_addr
+        # PgBouncer's own bound on a client idle inside a transaction (0: none, PgBouncer's default).
+        self.idle_transaction_timeout_s = idle_transaction_timeout_s
         self.port = free_port()
         self.pool_size = pool_size
         self.dir = Path(tempfile.mkdtemp(prefix="mcpt-pgb-"))
@@ -42,7 +48,11 @@ class PrivatePgBouncer:
         """``database_url`` (same server as the upstream) through this PgBouncer."""
         parts = urlparse(database_url)
         user = parts.username or "postgres"
-        return urlunparse(parts._replace(netloc=f"{user}@127.0.0.1:{self.port}"))
+        return urlunparse(parts._replace(netloc=f"{user}@{self.listen_addr}:{self.port}"))
+
+    def admin_dsn(self) -> str:
+        """The admin console (``SHOW CLIENTS``…; simple query protocol only: use a ``ClientCursor``)."""
+        return f"postgresql://postgres@{self.listen_addr}:{self.port}/pgbouncer"
 
     @property
     def log(self) -> str:
@@ -64,7 +74,7 @@ class PrivatePgBouncer:
             "[databases]\n"
             f"* = host={host} port={port}\n"
             "[pgbouncer]\n"
-            "listen_addr = 127.0.0.1\n"
+            f"listen_addr = {self.listen_addr}\n"
             f"listen_port = {self.port}\n"
             f"unix_socket_dir = {self.dir}\n"
             "auth_type = trust\n"
@@ -73,6 +83,7 @@ class PrivatePgBouncer:
             f"default_pool_size = {self.pool_size}\n"
             "max_client_conn = 500\n"
             "server_reset_query =\n"
+            f"idle_transaction_timeout = {self.idle_transaction_timeout_s}\n"
             f"logfile = {self.dir / 'pgbouncer.log'}\n"
             f"pidfile = {self.dir / 'pgbouncer.pid'}\n"
             "admin_users = postgres\n"
@@ -90,7 +101,7 @@ class PrivatePgBouncer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"pgbouncer exited:\n{self.log}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                with socket.create_connection((self.listen_addr, self.port), timeout=0.5):
                     return
             except OSError:
                 time.sleep(0.05)

@@ -37,8 +37,9 @@ def _wait(predicate: object, *, within_s: float, what: str) -> None:
 class _Proc:
     """One redis-server process (a data node or a Sentinel) with its config file and log."""
 
-    def __init__(self, tmp: Path, name: str, config: str, *, sentinel: bool = False) -> None:
+    def __init__(self, tmp: Path, name: str, config: str, *, sentinel: bool = False, host: str = "127.0.0.1") -> None:
         self.tmp = tmp
+        self.host = host
         self.name = name
         self.port = free_port()
         self.config = config
@@ -53,14 +54,17 @@ class _Proc:
         conf = folder / "redis.conf"
         if not conf.exists() or not self.sentinel:
             # A Sentinel rewrites its own file (what it learnt): keep it across restarts.
-            conf.write_text(f"port {self.port}\nbind 127.0.0.1\ndir {folder}\n{self.config}")
+            # Protected mode refuses clients from anywhere but loopback when there is no
+            # password: off for a bridge address (the network is private to the test).
+            protected = "" if self.host == "127.0.0.1" else "protected-mode no\n"
+            conf.write_text(f"port {self.port}\nbind {self.host}\n{protected}dir {folder}\n{self.config}")
         args = [binary, str(conf)] + (["--sentinel"] if self.sentinel else [])
         with open(folder / "log", "ab") as log:  # the child keeps its own copy
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         _wait(lambda: self.client().ping(), within_s=10, what=f"{self.name} answering")
 
     def client(self) -> Any:
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1, socket_connect_timeout=1)
+        return redis.Redis(host=self.host, port=self.port, socket_timeout=1, socket_connect_timeout=1)
 
     def stop(self) -> None:
         """Kill it: every client connection drops at once."""
@@ -74,25 +78,30 @@ class _Proc:
 
 
 class PrivateSentinel:
-    """A primary + replica + 3 Sentinels monitoring them as :data:`SERVICE`."""
+    """A primary + replica + 3 Sentinels monitoring them as :data:`SERVICE`.
 
-    def __init__(self, tmp: Path, *, down_after_ms: int = 1000) -> None:
+    Everything binds ``host`` (loopback by default; a bridge's address when the clients run in
+    network namespaces, since the Sentinels hand that address out as the primary's).
+    """
+
+    def __init__(self, tmp: Path, *, down_after_ms: int = 1000, host: str = "127.0.0.1") -> None:
         data = "save \"\"\nappendonly no\nrepl-diskless-sync yes\nrepl-diskless-sync-delay 0\n"
-        self.nodes = [_Proc(tmp, "node-a", data), _Proc(tmp, "node-b", data)]
-        self.nodes[1].config += f"replicaof 127.0.0.1 {self.nodes[0].port}\n"
+        self.host = host
+        self.nodes = [_Proc(tmp, "node-a", data, host=host), _Proc(tmp, "node-b", data, host=host)]
+        self.nodes[1].config += f"replicaof {host} {self.nodes[0].port}\n"
         primary = self.nodes[0].port
         sentinel_conf = (
-            f"sentinel monitor {SERVICE} 127.0.0.1 {primary} 2\n"
+            f"sentinel monitor {SERVICE} {host} {primary} 2\n"
             f"sentinel down-after-milliseconds {SERVICE} {down_after_ms}\n"
             f"sentinel failover-timeout {SERVICE} 10000\n"
             f"sentinel parallel-syncs {SERVICE} 1\n"
         )
-        self.sentinels = [_Proc(tmp, f"sentinel-{i}", sentinel_conf, sentinel=True) for i in range(3)]
+        self.sentinels = [_Proc(tmp, f"sentinel-{i}", sentinel_conf, sentinel=True, host=host) for i in range(3)]
 
     @property
     def url(self) -> str:
         """``redis+sentinel://`` URL of the deployment (database 0)."""
-        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        hosts = ",".join(f"{self.host}:{s.port}" for s in self.sentinels)
         return f"redis+sentinel://{hosts}/{SERVICE}/0"
 
     def start(self) -> None:
