@@ -148,9 +148,9 @@ def create_task(
     (:mod:`mcptasks.idempotency`) a retry returns the task the first attempt created.
     """
     if idempotency_key is not None:
-        existing = _idempotent_match(auth=auth, key=idempotency_key, tool=tool, arguments=arguments)
-        if existing is not None:
-            return existing
+        # No look-up first: a first attempt (nearly every creation) costs no extra round trip.
+        # A retry's insert hits the unique key (at once, or once a concurrent duplicate commits)
+        # and rolls back before any slot or audit row is taken; it then finds the first task.
         try:
             return _create_task(
                 auth=auth, session=session, tool=tool, arguments=arguments, request_id=request_id,
@@ -158,7 +158,7 @@ def create_task(
                 idempotency_key=idempotency_key,
             )
         except IntegrityError:
-            # A concurrent duplicate committed first (the unique constraint made this insert
+            # A duplicate committed first (if concurrent, the unique constraint made this insert
             # wait for it): answer with its task; this attempt left nothing behind.
             existing = _idempotent_match(auth=auth, key=idempotency_key, tool=tool, arguments=arguments)
             if existing is None:
