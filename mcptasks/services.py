@@ -288,7 +288,14 @@ def transition(
     return True
 
 
-def finish_runs(*, runs: list[tuple[Task, Outcome]]) -> list[bool]:
+class Finished(list[bool]):
+    """What :func:`finish_runs` returns: whether each outcome was written, plus ``deliveries``,
+    the webhook rows the batch wrote (the worker wakes its sender only when there are some)."""
+
+    deliveries: int = 0
+
+
+def finish_runs(*, runs: list[tuple[Task, Outcome]]) -> Finished:
     """Write the outcomes of many worker runs in one transaction; whether each was written.
 
     What :func:`transition` does for one task, batched: the outcomes (a superseded or
@@ -312,9 +319,11 @@ def finish_runs(*, runs: list[tuple[Task, Outcome]]) -> list[bool]:
             if outcome.error is not None:
                 task.error = outcome.error
         # The outbox rows of the whole batch commit (or roll back) with its outcomes.
-        webhooks.enqueue([t for t, _o in ended], now=now)
+        deliveries = webhooks.enqueue([t for t, _o in ended], now=now)
     _after_changes([t for t, _o in ended])
-    return [o.pk in won for _t, o in runs]
+    finished = Finished(o.pk in won for _t, o in runs)
+    finished.deliveries = deliveries
+    return finished
 
 
 def _ended(*, tasks: list[Task], messages: dict[int, str | None], statuses: dict[int, str]) -> None:
