@@ -23,7 +23,10 @@ the tool's own output). Usage (PostgreSQL + Redis as in CI)::
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/0 \\
         .venv/bin/python bench/e2e_load.py [--rounds 2] [--seconds 20] [--procs 4] [--callers 60] \\
-        [--concurrency 8] [--only service|peer]
+        [--concurrency 8] [--only service|peer] [--base PATH]
+
+``--base PATH`` also starts the code of another checkout (e.g. ``git worktree add`` of ``main``)
+and measures it as ``base`` in every round, next to this checkout (``service``) and the peer.
 
 The machine's load (``/proc/loadavg``) is printed with every round: compare figures only within one run.
 """
@@ -233,8 +236,9 @@ def _summary(all_stats: list[dict[str, Any]]) -> None:
         for key in ("create", "c2t", "seen", "e2e"):
             m[key] = [v for r in runs for v in r[key]]
         _print(m)
-    if "service" in merged and "peer" in merged and merged["peer"]["per_s"]:
-        print(f"  throughput service/peer: {merged['service']['per_s'] / merged['peer']['per_s']:.2f}x")
+    for a, b in (("service", "peer"), ("base", "peer"), ("service", "base")):
+        if a in merged and b in merged and merged[b]["per_s"]:
+            print(f"  throughput {a}/{b}: {merged[a]['per_s'] / merged[b]['per_s']:.2f}x")
 
 
 def exactly_once(dsn: str) -> str:
@@ -242,10 +246,30 @@ def exactly_once(dsn: str) -> str:
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute("SELECT status, attempt, result->'content'->0->>'text' FROM mcptasks_task").fetchall()
-        print(conn.execute("SELECT kind, status, count(*) FROM mcptasks_task GROUP BY 1, 2").fetchall())
     bad = [r for r in rows if r[0] not in TERMINAL or r[1] != 1 or (r[0] == "completed" and "50" not in (r[2] or ""))]
     live = sum(1 for r in rows if r[0] not in TERMINAL)
     return f"{len(rows)} tasks, {len(rows) - len(bad)} completed once, {live} still live, {len(bad)} other"
+
+
+def _start_service(repo: Path, concurrency: int) -> tuple[Any, str, list[str], list[int]]:
+    """A stack of ``repo``'s code: 2 daphne + 2 workers, the bench tenant without limits or rates."""
+    from tests.support import servers
+
+    servers.REPO = repo  # the processes (and manage.py) run in that checkout
+    work = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
+    stack, teardown = make_stack(work)
+    stack.teardown = teardown
+    for key in ("MCPTASKS_ALLOW_ANONYMOUS", *FAST_SETTINGS):
+        stack.env.pop(key, None)
+    stack.env["DEBUG"] = "0"
+    stack.env["MCPTASKS_AUDIT_KEY"] = "bench-audit-key"
+    token = stack.token("bench", "bencher")
+    stack.manage("shell", "-c", "from tenants.models import Tenant; Tenant.objects.filter(slug='bench').update("
+                 "max_concurrent_tasks=None, max_concurrent_tasks_per_principal=None, rate_create_per_min=None, "
+                 "rate_read_per_min=None, rate_other_per_min=None)")
+    webs = [stack.daphne(embedded_worker=False) for _ in range(2)]
+    workers = [stack.worker(concurrency=concurrency) for _ in range(2)]
+    return stack, token, [w.url for w in webs], [p.popen.pid for p in webs + workers]
 
 
 def main() -> None:
@@ -256,26 +280,19 @@ def main() -> None:
     parser.add_argument("--callers", type=int, default=60)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--only", choices=("service", "peer"))
+    parser.add_argument("--base", type=Path, help="another checkout (e.g. a worktree of main): measured as 'base' "
+                                                  "in the same rounds, for before/after figures in one run")
     args = parser.parse_args()
     if not os.environ.get("DATABASE_URL", "").startswith("postgres") or not os.environ.get("REDIS_URL"):
         sys.exit("set DATABASE_URL (PostgreSQL) and REDIS_URL")
 
-    work = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
-    stack, teardown = make_stack(work)
-    for key in ("MCPTASKS_ALLOW_ANONYMOUS", *FAST_SETTINGS):
-        stack.env.pop(key, None)
-    stack.env["DEBUG"] = "0"
-    stack.env["MCPTASKS_AUDIT_KEY"] = "bench-audit-key"
+    stacks: dict[str, tuple[Any, str, list[str], list[int]]] = {}
     peer = None
     try:
-        token = stack.token("bench", "bencher")
-        stack.manage("shell", "-c", "from tenants.models import Tenant; Tenant.objects.filter(slug='bench').update("
-                     "max_concurrent_tasks=None, max_concurrent_tasks_per_principal=None, rate_create_per_min=None, "
-                     "rate_read_per_min=None, rate_other_per_min=None)")
-        dsn = stack.env["DATABASE_URL"]
-        webs = [stack.daphne(embedded_worker=False) for _ in range(2)]
-        workers = [stack.worker(concurrency=args.concurrency) for _ in range(2)]
-        service_pids = [p.popen.pid for p in webs + workers]
+        if args.only != "peer":
+            if args.base is not None:
+                stacks["base"] = _start_service(args.base.resolve(), args.concurrency)
+            stacks["service"] = _start_service(REPO, args.concurrency)
         port = free_port()
         peer = subprocess.Popen([sys.executable, str(REPO / "bench/peers/sdk_server.py"), str(port)], cwd=REPO,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
@@ -288,24 +305,27 @@ def main() -> None:
                 time.sleep(0.2)
         print(f"e2e load: {args.procs} client processes, {args.callers} callers, demo_sleep 50 ms, tasks/get every "
               f"100 ms; service: 2 daphne + 2 workers x {args.concurrency}; peer: mcp SDK, 1 uvicorn; "
-              f"{args.rounds} x {args.seconds:.0f} s rounds; {os.cpu_count()} CPUs", flush=True)
+              f"{args.rounds} x {args.seconds:.0f} s rounds; {os.cpu_count()} CPUs"
+              + (f"; base: {args.base}" if args.base else ""), flush=True)
         stats = []
         for i in range(args.rounds):
             print(f"round {i + 1}:", flush=True)
-            if args.only != "peer":
-                stats.append(run_round("service", [w.url for w in webs], token, args,
-                                       lambda: service_pids + _pg_backends(dsn)))
+            for name, (stack, token, urls, pids) in stacks.items():
+                dsn = stack.env["DATABASE_URL"]
+                stats.append(run_round(name, urls, token, args,
+                                       lambda pids=pids, dsn=dsn: pids + _pg_backends(dsn)))  # type: ignore[misc]
             if args.only != "service":
                 stats.append(run_round("peer", [peer_url], "", args, lambda: [peer.pid]))  # type: ignore[union-attr]
         _summary(stats)
-        if args.only != "peer":
-            time.sleep(2)
-            print(f"service exactly once: {exactly_once(dsn)}")
+        time.sleep(2)
+        for name, (stack, _t, _u, _p) in stacks.items():
+            print(f"{name} exactly once: {exactly_once(stack.env['DATABASE_URL'])}")
     finally:
         if peer is not None:
             peer.kill()
             peer.wait(10)
-        teardown()
+        for stack, _t, _u, _p in stacks.values():
+            stack.teardown()
 
 
 if __name__ == "__main__":
