@@ -149,9 +149,9 @@ def create_task(
     (:mod:`mcptasks.idempotency`) a retry returns the task the first attempt created.
     """
     if idempotency_key is not None:
-        existing = _idempotent_match(auth=auth, key=idempotency_key, tool=tool, arguments=arguments)
-        if existing is not None:
-            return existing
+        # No look-up first: a first attempt (nearly every creation) costs no extra round trip.
+        # A retry's insert hits the unique key (at once, or once a concurrent duplicate commits)
+        # and rolls back before any slot or audit row is taken; it then finds the first task.
         try:
             return _create_task(
                 auth=auth, session=session, tool=tool, arguments=arguments, request_id=request_id,
@@ -159,7 +159,7 @@ def create_task(
                 idempotency_key=idempotency_key,
             )
         except IntegrityError:
-            # A concurrent duplicate committed first (the unique constraint made this insert
+            # A duplicate committed first (if concurrent, the unique constraint made this insert
             # wait for it): answer with its task; this attempt left nothing behind.
             existing = _idempotent_match(auth=auth, key=idempotency_key, tool=tool, arguments=arguments)
             if existing is None:
@@ -289,7 +289,14 @@ def transition(
     return True
 
 
-def finish_runs(*, runs: list[tuple[Task, Outcome]]) -> list[bool]:
+class Finished(list[bool]):
+    """What :func:`finish_runs` returns: whether each outcome was written, plus ``deliveries``,
+    the webhook rows the batch wrote (the worker wakes its sender only when there are some)."""
+
+    deliveries: int = 0
+
+
+def finish_runs(*, runs: list[tuple[Task, Outcome]]) -> Finished:
     """Write the outcomes of many worker runs in one transaction; whether each was written.
 
     What :func:`transition` does for one task, batched: the outcomes (a superseded or
@@ -313,10 +320,11 @@ def finish_runs(*, runs: list[tuple[Task, Outcome]]) -> list[bool]:
             if outcome.error is not None:
                 task.error = outcome.error
         # The outbox rows of the whole batch commit (or roll back) with its outcomes.
-        webhooks.enqueue([t for t, _o in ended], now=now)
-    for task, _outcome in ended:
-        _after_change(task)
-    return [o.pk in won for _t, o in runs]
+        deliveries = webhooks.enqueue([t for t, _o in ended], now=now)
+    _after_changes([t for t, _o in ended])
+    finished = Finished(o.pk in won for _t, o in runs)
+    finished.deliveries = deliveries
+    return finished
 
 
 def _ended(*, tasks: list[Task], messages: dict[int, str | None], statuses: dict[int, str]) -> None:
@@ -352,7 +360,7 @@ def set_status_message(*, task: Task, message: str, attempt: int | None = None) 
 def _after_change(task: Task) -> None:
     """Tell waiters (always) and the requestor (tasks only) that the task changed."""
     if task.kind == Task.Kind.TASK:
-        message = {"jsonrpc": "2.0", "method": "notifications/tasks/status", "params": task.wire()}
+        message = _status_notification(task)
         if not _is_request_session(task.session_id):
             publish_for_task(task=task, message=message)
         else:
@@ -381,17 +389,54 @@ def _is_request_session(session_id: str) -> bool:
     return McpSession.objects.filter(pk=session_id, protocol_version=ERA2026_VERSION).exists()
 
 
-def _publish_request_outcome(task: Task) -> None:
-    """A plain request ended: its response goes on the request's POST stream."""
+def _after_changes(tasks: list[Task]) -> None:
+    """:func:`_after_change` for many tasks (a worker's batch of finishes), batched.
+
+    The same notifications and signals, in the same order per stream, but one query finds the
+    tasks' streams, one transaction stores every event (:func:`bus.publish_many`) and one hop to
+    the event loop sends the pushes and the task signals.
+    """
+    if not tasks:
+        return
+    if len(tasks) == 1:
+        _after_change(tasks[0])
+        return
+    notified = [t for t in tasks if t.kind == Task.Kind.TASK and t.session_id]
+    open_streams = dict(
+        Task.objects.filter(pk__in=[t.pk for t in notified]).exclude(stream_id="").exclude(stream_id__isnull=True)
+        .values_list("pk", "stream_id")
+    ) if notified else {}
+    items: list[tuple[str, str, dict[str, Any]]] = []
+    for task in tasks:
+        if task.kind == Task.Kind.TASK:
+            if task.session_id:
+                bound = open_streams.get(task.pk)
+                if bound is None and _is_request_session(task.session_id):
+                    continue  # a 2026-07-28 request's session: nobody reads its stream (see below)
+                stream = bound or bus.get_stream_id(task.session_id)
+                items.append((task.session_id, stream, _status_notification(task)))
+        elif task.is_terminal and task.stream_id:
+            items.append((task.session_id, task.stream_id, _request_outcome_message(task)))
+    bus.publish_many(items, signals=[bus.task_signal(t.task_id, "changed", status=t.status) for t in tasks])
+
+
+def _status_notification(task: Task) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "method": "notifications/tasks/status", "params": task.wire()}
+
+
+def _request_outcome_message(task: Task) -> dict[str, Any]:
+    """What a plain request's POST stream gets when its task ended."""
     if task.status == TaskStatus.CANCELLED:
         # The spec: no response is sent for a cancelled request. End the stream instead.
-        bus.publish(session_id=task.session_id, stream_id=task.stream_id or "", message={"_end": True})
-        return
+        return {"_end": True}
     if task.error is not None:
-        message: dict[str, Any] = {"jsonrpc": "2.0", "id": task.request_id, "error": task.error}
-    else:
-        message = {"jsonrpc": "2.0", "id": task.request_id, "result": task.result or {"content": []}}
-    bus.publish(session_id=task.session_id, stream_id=task.stream_id or "", message=message)
+        return {"jsonrpc": "2.0", "id": task.request_id, "error": task.error}
+    return {"jsonrpc": "2.0", "id": task.request_id, "result": task.result or {"content": []}}
+
+
+def _publish_request_outcome(task: Task) -> None:
+    """A plain request ended: its response goes on the request's POST stream."""
+    bus.publish(session_id=task.session_id, stream_id=task.stream_id or "", message=_request_outcome_message(task))
 
 
 def stream_for_task(*, task: Task) -> str:

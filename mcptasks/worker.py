@@ -132,6 +132,11 @@ class _LeaseThread:
 FINISH_BATCH = 100
 
 
+def _delivered(written: list[bool]) -> bool:
+    """Whether a written batch may have webhook rows (unknown counts as yes)."""
+    return not isinstance(written, services.Finished) or written.deliveries > 0
+
+
 def _outcome(task: Task, status: str, message: str | None, *, result: dict[str, Any] | None = None,
              error: dict[str, Any] | None = None) -> Outcome:
     return Outcome(pk=task.pk, attempt=task.attempt, status=status, message=message, result=result, error=error)
@@ -873,8 +878,9 @@ class Worker:
             for (_t, _o, done), ok in zip(batch, written, strict=True):
                 if not done.done():
                     done.set_result(ok)
-            if any(written) and self._webhooks is not None:
-                # The batch may have written webhook rows: look now instead of at the next poll.
+            if any(written) and self._webhooks is not None and _delivered(written):
+                # The batch wrote webhook rows: look now instead of at the next poll (not after
+                # every batch: with no endpoint that was a claim query per batch for nothing).
                 self._webhooks.wake.set()
 
     async def _write_batch(self, runs: list[tuple[Task, Outcome]]) -> list[bool]:
@@ -888,7 +894,8 @@ class Worker:
         delay = 0.2
         while True:
             try:
-                return list(await _db(services.finish_runs)(runs=runs))
+                # As returned: a services.Finished also says whether webhook rows were written.
+                return await _db(services.finish_runs)(runs=runs)
             except (OperationalError, InterfaceError) as exc:
                 if asyncio.get_running_loop().time() + delay > deadline:
                     logger.error("giving up writing %d outcomes (%s); their leases will lapse",

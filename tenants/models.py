@@ -6,7 +6,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.validators import MaxValueValidator
-from django.db import models
+from django.db import models, transaction
 from oauth2_provider.settings import oauth2_settings
 
 from .crypto import EncryptedTextField
@@ -85,6 +85,23 @@ class Tenant(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Save; a tenant that gets its first concurrency limit has its counters recounted.
+
+        Counters are kept only for tenants with a limit (see :mod:`tenants.quotas`): when one is
+        added, the tasks already running are counted from the task table once this commits.
+        """
+        from . import quotas
+
+        adding = self._state.adding or self.pk is None
+        was_counted = (not adding and quotas.is_counted(Tenant.objects.filter(pk=self.pk).values_list(
+                           "max_concurrent_tasks", "max_concurrent_tasks_per_principal").first()))
+        super().save(*args, **kwargs)
+        now_counted = quotas.is_counted((self.max_concurrent_tasks, self.max_concurrent_tasks_per_principal))
+        if not adding and not was_counted and now_counted:
+            pk = self.pk
+            transaction.on_commit(lambda: quotas.recount_active_tasks(tenant_id=pk))
 
 
 class Principal(models.Model):

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 from django.db import transaction
-from django.db.models import F, Value
+from django.db.models import F, Q, Value
 from django.db.models.functions import Greatest
 
 from . import conf
@@ -31,56 +31,103 @@ def acquire_task_slot(*, tenant_id: int, principal_id: int) -> None:
 
     Must run inside the caller's ``transaction.atomic()`` that also creates the task, so the
     slot and the task commit or roll back together. On :class:`QuotaExceeded` no counter has
-    changed, even if the caller catches the error. Limits are read in the statements that
-    increment (the tenant's per-principal limit comes back from its UPDATE, under the row lock),
-    so admin edits apply immediately.
+    changed, even if the caller catches the error. Limits are read in the statement that
+    increments (under the row lock), so admin edits apply immediately.
 
-    Two statements, tenant row first (the order :func:`release_task_slots` locks in, so the two
-    never deadlock): creating a task is on every client's path, and the ORM form of this (a
-    savepoint, two UPDATEs, a SELECT, the release) cost several times the round trips.
+    A tenant with no limit at all (none of its own, ``MCPTASKS_TASK_MAX_CONCURRENT`` 0, no
+    per-principal limit) is not counted: its creations change no counter and lock no row, so
+    they never wait for each other. See :func:`count_when_limited` for a limit added later.
+
+    On PostgreSQL one statement reads the limits and increments both counters (tenant row first,
+    the order :func:`release_task_slots` locks in, so the two never deadlock); the caller creates
+    the task before calling this, so the tenant's row lock is held only until its commit.
     """
     connection = transaction.get_connection()
     if not connection.in_atomic_block:
         raise RuntimeError("acquire_task_slot() must be called inside transaction.atomic()")
-    tenant_table, principal_table = _table(Tenant), _table(Principal)
     fallback = default_tenant_limit()
-    with connection.cursor() as cursor:
-        # Identifiers come from the models' metadata; values are bound parameters. A tenant
-        # without a limit of its own gets the process-wide default (None: unlimited).
-        cursor.execute(
-            f"UPDATE {tenant_table} SET active_tasks = active_tasks + 1 "  # noqa: S608
-            "WHERE id = %s AND (COALESCE(max_concurrent_tasks, CAST(%s AS INTEGER)) IS NULL "
-            "OR active_tasks < COALESCE(max_concurrent_tasks, CAST(%s AS INTEGER))) "
-            "RETURNING max_concurrent_tasks_per_principal",
-            [tenant_id, fallback, fallback],
+    if connection.vendor == "postgresql":
+        took = _acquire_one_statement(tenant_id=tenant_id, principal_id=principal_id, fallback=fallback)
+    else:
+        took = _acquire_statements(tenant_id=tenant_id, principal_id=principal_id, fallback=fallback)
+    found, tenant_limit, per_principal, tenant_taken, principal_taken = took
+    if not found:
+        raise QuotaExceeded("Unknown tenant", {"limit": 0, "scope": "tenant"})
+    if tenant_limit is None and per_principal is None:
+        return  # unlimited: not counted
+    if not tenant_taken:
+        raise QuotaExceeded(
+            f"Too many concurrent tasks for this tenant (limit {tenant_limit}); "
+            "wait for a task to finish or cancel one",
+            {"limit": tenant_limit, "scope": "tenant"},
         )
-        took = cursor.fetchone()
-        if took is None:
-            own = Tenant.objects.filter(pk=tenant_id).values_list("max_concurrent_tasks", flat=True).first()
-            limit = own if own is not None else fallback
-            if own is None and not Tenant.objects.filter(pk=tenant_id).exists():
-                raise QuotaExceeded("Unknown tenant", {"limit": 0, "scope": "tenant"})
-            raise QuotaExceeded(
-                f"Too many concurrent tasks for this tenant (limit {limit}); "
-                "wait for a task to finish or cancel one",
-                {"limit": limit, "scope": "tenant"},
-            )
-        per_principal = took[0]
-        below_limit, params = ("", []) if per_principal is None else (" AND active_tasks < %s", [per_principal])
-        cursor.execute(
-            f"UPDATE {principal_table} SET active_tasks = active_tasks + 1 "  # noqa: S608
-            f"WHERE id = %s AND tenant_id = %s{below_limit}",
-            [principal_id, tenant_id, *params],
-        )
-        if cursor.rowcount != 1:
+    if not principal_taken:
+        with connection.cursor() as cursor:
             # Give the tenant's slot back: this transaction holds the row lock, so nobody saw it.
-            cursor.execute(f"UPDATE {tenant_table} SET active_tasks = active_tasks - 1 WHERE id = %s",  # noqa: S608
+            cursor.execute(f"UPDATE {_table(Tenant)} SET active_tasks = active_tasks - 1 WHERE id = %s",  # noqa: S608
                            [tenant_id])
-            raise QuotaExceeded(
-                f"Too many concurrent tasks for this principal (limit {per_principal}); "
-                "wait for a task to finish or cancel one",
-                {"limit": per_principal if per_principal is not None else 0, "scope": "principal"},
-            )
+        raise QuotaExceeded(
+            f"Too many concurrent tasks for this principal (limit {per_principal}); "
+            "wait for a task to finish or cancel one",
+            {"limit": per_principal if per_principal is not None else 0, "scope": "principal"},
+        )
+
+
+#: (tenant found, its effective tenant limit, its per-principal limit, tenant slot taken,
+#: principal slot taken).
+_Took = tuple[bool, int | None, int | None, bool, bool]
+
+
+def _acquire_one_statement(*, tenant_id: int, principal_id: int, fallback: int | None) -> _Took:
+    tenant_table, principal_table = _table(Tenant), _table(Principal)
+    limit = "COALESCE(max_concurrent_tasks, CAST(%(fallback)s AS INTEGER))"
+    with transaction.get_connection().cursor() as cursor:
+        # Identifiers come from the models' metadata; values are bound parameters. ``cfg`` reads
+        # the limits without a lock; ``t`` matches (and so locks) the tenant row only when the
+        # tenant has a limit; ``p`` counts the principal only if ``t`` took the tenant's slot.
+        cursor.execute(
+            f"WITH cfg AS (SELECT {limit} AS tl, max_concurrent_tasks_per_principal AS pl "  # noqa: S608
+            f"FROM {tenant_table} WHERE id = %(tenant)s), "
+            f"t AS (UPDATE {tenant_table} SET active_tasks = active_tasks + 1 WHERE id = %(tenant)s "
+            f"AND ({limit} IS NOT NULL OR max_concurrent_tasks_per_principal IS NOT NULL) "
+            f"AND ({limit} IS NULL OR active_tasks < {limit}) RETURNING max_concurrent_tasks_per_principal AS pl), "
+            f"p AS (UPDATE {principal_table} SET active_tasks = active_tasks + 1 "
+            "WHERE id = %(principal)s AND tenant_id = %(tenant)s AND EXISTS (SELECT 1 FROM t) "
+            "AND ((SELECT pl FROM t) IS NULL OR active_tasks < (SELECT pl FROM t)) RETURNING 1) "
+            "SELECT EXISTS (SELECT 1 FROM cfg), (SELECT tl FROM cfg), (SELECT pl FROM cfg), "
+            "EXISTS (SELECT 1 FROM t), EXISTS (SELECT 1 FROM p)",
+            {"tenant": tenant_id, "principal": principal_id, "fallback": fallback},
+        )
+        row = cursor.fetchone()
+    return bool(row[0]), row[1], row[2], bool(row[3]), bool(row[4])
+
+
+def _acquire_statements(*, tenant_id: int, principal_id: int, fallback: int | None) -> _Took:
+    """The same on other databases (SQLite serialises writers), a statement at a time."""
+    limits = Tenant.objects.filter(pk=tenant_id).values_list(
+        "max_concurrent_tasks", "max_concurrent_tasks_per_principal").first()
+    if limits is None:
+        return False, None, None, False, False
+    tenant_limit = limits[0] if limits[0] is not None else fallback
+    per_principal = limits[1]
+    if tenant_limit is None and per_principal is None:
+        return True, None, None, False, False
+    rows = Tenant.objects.filter(pk=tenant_id)
+    if tenant_limit is not None:
+        rows = rows.filter(active_tasks__lt=tenant_limit)
+    if not rows.update(active_tasks=F("active_tasks") + 1):
+        return True, tenant_limit, per_principal, False, False
+    principal = Principal.objects.filter(pk=principal_id, tenant_id=tenant_id)
+    if per_principal is not None:
+        principal = principal.filter(active_tasks__lt=per_principal)
+    return True, tenant_limit, per_principal, True, bool(principal.update(active_tasks=F("active_tasks") + 1))
+
+
+def is_counted(limits: tuple[int | None, int | None] | None) -> bool:
+    """Whether a tenant with these (``max_concurrent_tasks``, per-principal) limits has counters kept."""
+    if limits is None:
+        return False
+    return default_tenant_limit() is not None or limits[0] is not None or limits[1] is not None
 
 
 def _table(model: type[Tenant] | type[Principal]) -> str:
@@ -100,13 +147,29 @@ def release_task_slots(*, slots: Iterable[tuple[int, int]]) -> None:
     """Give back several slots at once: ``slots`` names (tenant_id, principal_id) once per slot.
 
     One UPDATE per tenant and per principal, in key order (concurrent releasers never deadlock).
+    Counters of a tenant without limits are not kept (see :func:`acquire_task_slot`): its rows
+    do not match, so nothing is locked or written for it.
     """
     taken = list(slots)
-    for model, counts in ((Tenant, Counter(t for t, _ in taken)), (Principal, Counter(p for _, p in taken))):
-        for pk in sorted(counts):
-            model.objects.filter(pk=pk, active_tasks__gt=0).update(
-                active_tasks=Greatest(F("active_tasks") - counts[pk], Value(0))
-            )
+    limited = Q()
+    if default_tenant_limit() is None:
+        limited = Q(max_concurrent_tasks__isnull=False) | Q(max_concurrent_tasks_per_principal__isnull=False)
+    tenants = Counter(t for t, _ in taken)
+    for pk in sorted(tenants):
+        Tenant.objects.filter(limited, pk=pk, active_tasks__gt=0).update(
+            active_tasks=Greatest(F("active_tasks") - tenants[pk], Value(0))
+        )
+    principals = Counter(p for _, p in taken)
+    if principals and default_tenant_limit() is None:
+        # Principals of limited tenants only (one read, no lock): a tenant's counters are kept
+        # for all of its principals or none.
+        counted = set(Principal.objects.filter(
+            pk__in=list(principals), tenant__in=Tenant.objects.filter(limited)).values_list("pk", flat=True))
+        principals = Counter({pk: n for pk, n in principals.items() if pk in counted})
+    for pk in sorted(principals):
+        Principal.objects.filter(pk=pk, active_tasks__gt=0).update(
+            active_tasks=Greatest(F("active_tasks") - principals[pk], Value(0))
+        )
 
 
 def recount_active_tasks(*, tenant_id: int | None = None, kinds: tuple[str, ...] = ("task", "request")) -> int:

@@ -18,6 +18,7 @@ from django.utils import timezone
 from mcptasks import bus, conf
 from mcptasks.models import Task, TaskStatus
 from mcptasks.registry import registry
+from tenants import quotas
 from tenants.models import Principal, Tenant
 from tenants.services import anonymous_principal, default_tenant
 
@@ -52,9 +53,11 @@ def enqueue(*, tool_name: str, arguments: list[dict[str, Any]], session_id: str 
         ]
         with transaction.atomic():
             Task.objects.bulk_create(rows)
-            # Keep the quota counters consistent: each terminal transition gives one back.
-            Tenant.objects.filter(pk=tenant.pk).update(active_tasks=F("active_tasks") + len(rows))
-            Principal.objects.filter(pk=principal.pk).update(active_tasks=F("active_tasks") + len(rows))
+            # Keep the quota counters consistent: each terminal transition gives one back (only
+            # tenants with a limit have counters kept, see tenants.quotas).
+            if quotas.is_counted((tenant.max_concurrent_tasks, tenant.max_concurrent_tasks_per_principal)):
+                Tenant.objects.filter(pk=tenant.pk).update(active_tasks=F("active_tasks") + len(rows))
+                Principal.objects.filter(pk=principal.pk).update(active_tasks=F("active_tasks") + len(rows))
             if committed is not None:
                 transaction.on_commit(committed)
             transaction.on_commit(bus.wake_workers)

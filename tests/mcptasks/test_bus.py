@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from mcptasks import bus, services
@@ -118,3 +120,92 @@ async def test_a_wake_up_skipped_by_an_open_breaker_is_sent_once_redis_answers(
         await bus.flush(within_s=2)
     finally:
         bus.serve_on(None)
+def _layer_spy(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, object]]]:
+    """Record group sends (sent at once) instead of sending them."""
+    sent: list[tuple[str, dict[str, object]]] = []
+
+    async def fake_group_send(group: str, message: dict[str, object]) -> bool:
+        sent.append((group, message))
+        return True
+
+    monkeypatch.setattr(bus, "group_send", fake_group_send)
+    monkeypatch.setattr(bus, "get_channel_layer", lambda: object())
+    return sent
+
+
+@pytest.mark.django_db(transaction=True)
+def test_publish_many_numbers_each_stream_like_one_publish_at_a_time(monkeypatch: pytest.MonkeyPatch,
+                                                                     settings: Any) -> None:
+    """One transaction for a batch: per stream, numbers continue the cursor in the batch's order,
+    a stream without a cursor continues after its retained events, the retention cap holds, and
+    the pushes (then the signals) are sent only after commit."""
+    from django.db import transaction
+
+    sent = _layer_spy(monkeypatch)
+    a, b, orphan = "pA", "pB", bus.get_stream_id("gone-session")
+    bus.publish(session_id="s1", stream_id=a, message={"n": 0})
+    for i in range(3):  # events whose cursor cleanup removed (as in the test above)
+        bus.publish(session_id="gone-session", stream_id=orphan, message={"old": i})
+    StreamCursor.objects.filter(pk=orphan).delete()
+    sent.clear()
+    settings.MCPTASKS = {**settings.MCPTASKS, "STREAM_MAX_EVENTS": 4}
+    items = [("s1", a, {"n": 1}), ("s2", b, {"n": 1}), ("s1", a, {"n": 2}), ("gone-session", orphan, {"new": 1}),
+             ("s1", a, {"n": 3}), ("s1", a, {"n": 4})]
+    with transaction.atomic():
+        ids = bus.publish_many(items, signals=[bus.task_signal("t1", "changed", status="completed")])
+        assert sent == []  # nothing before commit
+    assert ids == [f"{a}.2", f"{b}.1", f"{a}.3", f"{orphan}.4", f"{a}.4", f"{a}.5"]
+    rows = {s: list(StreamEvent.objects.filter(stream_id=s).order_by("seq").values_list("seq", "data"))
+            for s in (a, b, orphan)}
+    # Stream a had 5 events; the cap keeps the newest 4, in the batch's order.
+    assert rows[a] == [(2, '{"n":1}'), (3, '{"n":2}'), (4, '{"n":3}'), (5, '{"n":4}')]
+    assert rows[b] == [(1, '{"n":1}')]
+    assert [seq for seq, _d in rows[orphan]] == [1, 2, 3, 4]
+    assert dict(StreamCursor.objects.filter(pk__in=[a, b, orphan]).values_list("pk", "last_seq")) == {
+        a: 5, b: 1, orphan: 4}
+    # Every event pushed to its stream's group, then the signal.
+    assert [(g, m["event_id"]) for g, m in sent[:-1]] == [(bus.stream_group(s), i) for (_x, s, _m), i in
+                                                         zip(items, ids, strict=True)]
+    assert sent[-1] == (bus.task_group("t1"), {"type": "task.signal", "task_id": "t1", "event": "changed",
+                                               "status": "completed"})
+    # Rolled back: nothing stored, nothing sent.
+    sent.clear()
+    with pytest.raises(RuntimeError), transaction.atomic():
+        bus.publish_many([("s2", b, {"n": 2})])
+        raise RuntimeError("rolled back")
+    assert sent == [] and StreamEvent.objects.filter(stream_id=b).count() == 1
+    assert bus.publish(session_id="s2", stream_id=b, message={"n": 2}) == f"{b}.2"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_of_finishes_notifies_and_signals_every_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    """finish_runs stores each finished task's status notification on its stream (its open
+    tasks/result stream, else the session's GET stream) and signals each task, once."""
+    import json
+
+    from mcptasks.models import Outcome, Task
+    from tests.support.factories import make_auth, make_session, make_task
+
+    sent = _layer_spy(monkeypatch)
+    auth = make_auth()
+    s1, s2 = make_session(auth), make_session(auth)
+    tasks = [make_task(auth, s1), make_task(auth, s1), make_task(auth, s2), make_task(auth)]
+    Task.objects.filter(pk=tasks[1].pk).update(stream_id="rSTREAM1")  # a tasks/result stream is open
+    Task.objects.filter(pk=tasks[3].pk).update(session_id="")  # enqueued without a client
+    tasks[3].session_id = ""
+    Task.objects.filter(pk__in=[t.pk for t in tasks]).update(attempt=1)
+    runs = [(t, Outcome(pk=t.pk, attempt=1, status="completed", result={"content": []})) for t in tasks]
+    sent.clear()
+    assert services.finish_runs(runs=runs) == [True] * 4
+    expected = {tasks[0].task_id: bus.get_stream_id(tasks[0].session_id), tasks[1].task_id: "rSTREAM1",
+                tasks[2].task_id: bus.get_stream_id(tasks[2].session_id)}
+    got = {}
+    for ev in StreamEvent.objects.filter(stream_id__in=set(expected.values())):
+        msg = json.loads(ev.data)
+        assert msg["method"] == "notifications/tasks/status" and msg["params"]["status"] == "completed"
+        got[msg["params"]["taskId"]] = ev.stream_id
+    assert got == expected  # the task without a session has nobody to notify
+    signals = sorted(m["task_id"] for g, m in sent if m["type"] == "task.signal")
+    assert signals == sorted(t.task_id for t in tasks)
+    pushed = sorted(g for g, m in sent if m["type"] == "stream.event")
+    assert pushed == sorted(bus.stream_group(s) for s in expected.values())

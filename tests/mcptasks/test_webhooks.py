@@ -79,7 +79,8 @@ def test_batched_outcomes_write_their_deliveries_in_the_same_transaction(auth: A
         services.finish_runs(runs=runs)
         raise RuntimeError("rolled back")
     assert not WebhookDelivery.objects.exists()
-    assert services.finish_runs(runs=runs) == [True, True, True]
+    finished = services.finish_runs(runs=runs)
+    assert finished == [True, True, True] and finished.deliveries == 3
     rows = list(WebhookDelivery.objects.order_by("id"))
     assert sorted(r.task_id for r in rows) == sorted(t.task_id for t in tasks)
     assert {r.event for r in rows} == {"task.failed"}

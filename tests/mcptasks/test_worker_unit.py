@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from typing import Any
 
@@ -306,3 +307,31 @@ def test_claim_records_when_the_task_first_started() -> None:
     Task.objects.claim(worker_id="w2", limit=1, now=later, lease_until=later + dt.timedelta(seconds=30))
     assert Task.objects.get(pk=task.pk).attempt == 2 and Task.objects.get(pk=task.pk).started_at == now
     assert claimed.pk == task.pk
+
+
+@pytest.mark.parametrize("deliveries", [0, 2])
+def test_the_webhook_sender_is_woken_only_by_batches_that_wrote_deliveries(
+    monkeypatch: pytest.MonkeyPatch, deliveries: int
+) -> None:
+    """A claim query per finished batch for nothing (no endpoint) was ~10 % of a busy worker."""
+    import types
+
+    from mcptasks import services as svc
+    from mcptasks.worker import Worker
+
+    def finish(*, runs: list[Any]) -> svc.Finished:
+        done = svc.Finished([True] * len(runs))
+        done.deliveries = deliveries
+        return done
+
+    monkeypatch.setattr(svc, "finish_runs", finish)
+    worker = Worker(concurrency=1, run_cleanup=False)
+    worker._webhooks = types.SimpleNamespace(wake=asyncio.Event())  # type: ignore[assignment]
+    task: Any = types.SimpleNamespace(task_id="t-1", pk=1, attempt=1)
+    outcome = Outcome(pk=1, attempt=1, status="completed", result={"content": []})
+
+    async def go() -> None:
+        await worker._finish(task, outcome)
+
+    asyncio.run(go())
+    assert worker._webhooks.wake.is_set() is (deliveries > 0)

@@ -188,3 +188,164 @@ def test_concurrent_acquire_on_postgres() -> None:
     for p in principals:
         p.refresh_from_db()
         assert p.active_tasks == ok.count(f"ok:{p.pk}") <= 3
+
+
+def _unlimited_by_default(settings: Any) -> None:
+    settings.TENANTS = {**settings.TENANTS, "TASK_MAX_CONCURRENT": 0}
+
+
+def _race_creations(auths: list[Any], *, threads: int = 20, each: int = 10) -> tuple[int, list[dict[str, Any]]]:
+    """``threads`` x ``each`` task creations through the real service, started together."""
+    from django.db import connections
+
+    from mcptasks import services
+    from tests.support.factories import demo_tool, make_session
+
+    sessions = [make_session(auths[i % len(auths)]) for i in range(threads)]
+    barrier = threading.Barrier(threads)
+    created: list[int] = []
+    refused: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    def run(i: int) -> None:
+        auth = auths[i % len(auths)]
+        try:
+            barrier.wait()
+            for n in range(each):
+                try:
+                    services.create_task(auth=auth, session=sessions[i], tool=demo_tool(), arguments={"ms": 1},
+                                         request_id=f"r{i}-{n}", progress_token=None, requested_ttl_ms=None)
+                    with lock:
+                        created.append(i)
+                except QuotaExceeded as exc:
+                    with lock:
+                        refused.append(exc.data)
+        finally:
+            connections.close_all()
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(120)
+    assert len(created) + len(refused) == threads * each
+    return len(created), refused
+
+
+def _live(tenant_id: int, principal_id: int | None = None) -> int:
+    from mcptasks.models import Task
+
+    rows = Task.objects.filter(tenant_id=tenant_id).exclude(status__in=["completed", "failed", "cancelled"])
+    return rows.filter(principal_id=principal_id).count() if principal_id else rows.count()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_200_concurrent_creations_against_a_tenant_limit_of_10(settings: Any) -> None:
+    if connection.vendor != "postgresql":
+        require_postgres()
+    from tests.support.factories import make_auth
+
+    _unlimited_by_default(settings)
+    tenant = Tenant.objects.create(slug="race10", max_concurrent_tasks=10)
+    auths = [make_auth(tenant) for _ in range(4)]
+    created, refused = _race_creations(auths)
+    assert created == 10 and len(refused) == 190
+    assert all(r == {"limit": 10, "scope": "tenant"} for r in refused)
+    tenant.refresh_from_db()
+    assert tenant.active_tasks == _live(tenant.pk) == 10
+    assert sum(Principal.objects.filter(tenant=tenant).values_list("active_tasks", flat=True)) == 10
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_200_concurrent_creations_against_a_principal_limit_of_10(settings: Any) -> None:
+    if connection.vendor != "postgresql":
+        require_postgres()
+    from tests.support.factories import make_auth
+
+    _unlimited_by_default(settings)
+    tenant = Tenant.objects.create(slug="race10p", max_concurrent_tasks_per_principal=10)
+    auths = [make_auth(tenant) for _ in range(4)]
+    created, refused = _race_creations(auths)
+    assert created == 40 and len(refused) == 160
+    assert all(r == {"limit": 10, "scope": "principal"} for r in refused)
+    for auth in auths:
+        assert Principal.objects.get(pk=auth.principal_id).active_tasks == _live(tenant.pk, auth.principal_id) == 10
+    tenant.refresh_from_db()
+    assert tenant.active_tasks == _live(tenant.pk) == 40
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_tenant_without_limits_takes_no_row_lock(settings: Any) -> None:
+    """Creating and finishing the tasks of an unlimited tenant never waits for its row: here
+    another transaction holds it locked, and both finish within a 1 s lock timeout."""
+    if connection.vendor != "postgresql":
+        require_postgres()
+    from django.db import connections
+
+    from mcptasks import services
+    from mcptasks.models import Outcome, Task
+    from tests.support.factories import make_auth, make_task
+
+    _unlimited_by_default(settings)
+    tenant = Tenant.objects.create(slug="free")
+    auth = make_auth(tenant)
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                # The lock a counter UPDATE takes (foreign keys to the rows may still be checked).
+                Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).get()
+                Principal.objects.select_for_update(no_key=True).filter(pk=auth.principal_id).get()
+                locked.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert locked.wait(10)
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '1s'")
+        task = make_task(auth)
+        Task.objects.filter(pk=task.pk).update(attempt=1)
+        assert services.finish_runs(runs=[(task, Outcome(pk=task.pk, attempt=1, status="completed",
+                                                         result={"content": []}))]) == [True]
+    finally:
+        release.set()
+        holder.join(30)
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = 0")
+    tenant.refresh_from_db()
+    assert tenant.active_tasks == 0  # not counted
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_limit_added_later_counts_the_tasks_already_running(settings: Any) -> None:
+    """Counters are not kept while a tenant is unlimited; saving its first limit recounts them
+    from the task table, so the limit holds for the tasks already running and slots come back."""
+    from mcptasks import services
+    from tests.support.factories import make_auth, make_task
+
+    _unlimited_by_default(settings)
+    tenant = Tenant.objects.create(slug="later")
+    auth = make_auth(tenant)
+    running = [make_task(auth) for _ in range(3)]
+    tenant.refresh_from_db()
+    assert tenant.active_tasks == 0
+    tenant.max_concurrent_tasks = 4
+    tenant.save()
+    tenant.refresh_from_db()
+    assert tenant.active_tasks == 3
+    assert Principal.objects.get(pk=auth.principal_id).active_tasks == 3
+    make_task(auth)
+    with pytest.raises(QuotaExceeded):
+        make_task(auth)
+    services.cancel_task(auth=auth, task_id=running[0].task_id)
+    tenant.refresh_from_db()
+    assert tenant.active_tasks == 3
+    make_task(auth)

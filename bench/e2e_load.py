@@ -1,0 +1,332 @@
+"""Issue 27 benchmark: the whole path of a task under concurrent load, next to the SDK peer.
+
+The load: ``--procs`` client processes sharing ``--callers`` concurrent callers (closed loop). Each
+caller creates a task of ``demo_sleep(ms=50)`` (``tools/call`` + ``task``), polls ``tasks/get``
+every 100 ms until the task is terminal, then reads ``tasks/result``, and starts again. It runs
+against the service (2 daphne processes + 2 workers of ``--concurrency`` slots, PostgreSQL +
+Redis, the tenant without limits or rates) and against the official SDK peer
+(``bench/peers/sdk_server.py``, one uvicorn process), in interleaved rounds of ``--seconds``.
+
+Per round and target it prints:
+
+- throughput: tasks whose ``tasks/result`` was answered inside the round, per second;
+- creation: the ``tools/call`` answer time (p50/p99);
+- created -> terminal: ``lastUpdatedAt - createdAt`` of the terminal ``tasks/get`` (task timestamps);
+- seen: the terminal timestamp to the first ``tasks/get`` that reports it (bounded by the poll);
+- end to end: call sent -> ``tasks/result`` answered (p50/p99);
+- CPU per task: user + system time read from ``/proc`` of the service's processes (web processes,
+  workers and the PostgreSQL backends of the bench's database; Redis is shared with other users of
+  the machine and not counted) or of the peer's process, divided by the tasks completed.
+
+After the rounds it checks that every task of the service completed exactly once (one attempt,
+the tool's own output). Usage (PostgreSQL + Redis as in CI)::
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/0 \\
+        .venv/bin/python bench/e2e_load.py [--rounds 2] [--seconds 20] [--procs 4] [--callers 60] \\
+        [--concurrency 8] [--only service|peer] [--base PATH]
+
+``--base PATH`` also starts the code of another checkout (e.g. ``git worktree add`` of ``main``)
+and measures it as ``base`` in every round, next to this checkout (``service``) and the peer.
+
+The machine's load (``/proc/loadavg``) is printed with every round: compare figures only within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import httpx  # noqa: E402
+
+from tests.support.servers import FAST_SETTINGS, free_port, make_stack  # noqa: E402
+
+ACCEPT = "application/json, text/event-stream"
+TERMINAL = {"completed", "failed", "cancelled"}
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+# --- the load generator (runs in each client process) -------------------------------------------
+
+
+async def _post(client: httpx.AsyncClient, url: str, headers: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
+    """POST one request; the JSON-RPC response with its id (JSON or SSE)."""
+    async with client.stream("POST", url, headers=headers, json=body) as resp:
+        if resp.status_code >= 400:
+            raise RuntimeError(f"{body['method']}: HTTP {resp.status_code} {(await resp.aread())[:200]!r}")
+        if resp.headers.get("content-type", "").startswith("application/json"):
+            return dict(json.loads(await resp.aread()))
+        async for line in resp.aiter_lines():
+            if line.startswith("data:") and line[5:].strip():
+                msg = json.loads(line[5:])
+                if msg.get("id") == body.get("id") and ("result" in msg or "error" in msg):
+                    return dict(msg)
+    raise RuntimeError(f"{body['method']}: stream ended without a response")
+
+
+async def _session(client: httpx.AsyncClient, url: str, token: str) -> dict[str, str]:
+    base = {"Accept": ACCEPT, "Content-Type": "application/json"}
+    if token:
+        base["Authorization"] = f"Bearer {token}"
+    resp = await client.post(url, headers=base, json={
+        "jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "e2e", "version": "1"}}})
+    resp.raise_for_status()
+    headers = {**base, "Mcp-Session-Id": resp.headers.get("mcp-session-id", ""), "MCP-Protocol-Version": "2025-11-25"}
+    await client.post(url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+    return headers
+
+
+def _ts(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+async def _caller(client: httpx.AsyncClient, url: str, headers: dict[str, str], stop_at: float,
+                  out: list[tuple[float, float, float, float, float]], failures: list[str]) -> None:
+    """Closed loop until ``stop_at`` (monotonic): (done_at, create_ms, c2t_ms, seen_ms, e2e_ms) per task."""
+    rid = 0
+    while time.monotonic() < stop_at:
+        try:
+            rid += 1
+            t0 = time.monotonic()
+            created = await _post(client, url, headers, {
+                "jsonrpc": "2.0", "id": rid, "method": "tools/call",
+                "params": {"name": "demo_sleep", "arguments": {"ms": 50}, "task": {"ttl": 600_000}}})
+            t_created = time.monotonic()
+            task_id = created["result"]["task"]["taskId"]
+            while True:
+                await asyncio.sleep(0.1)
+                rid += 1
+                got = await _post(client, url, headers, {"jsonrpc": "2.0", "id": rid, "method": "tasks/get",
+                                                         "params": {"taskId": task_id}})
+                seen_wall = time.time()
+                task = got["result"]
+                if task["status"] in TERMINAL:
+                    break
+            rid += 1
+            done = await _post(client, url, headers, {"jsonrpc": "2.0", "id": rid, "method": "tasks/result",
+                                                      "params": {"taskId": task_id}})
+            t_done = time.monotonic()
+            if "error" in done or task["status"] != "completed":
+                raise RuntimeError(f"task {task['status']}: {done.get('error')}")
+            terminal_at = _ts(task["lastUpdatedAt"])
+            out.append((t_done, (t_created - t0) * 1000, (terminal_at - _ts(task["createdAt"])) * 1000,
+                        (seen_wall - terminal_at) * 1000, (t_done - t0) * 1000))
+        except Exception as exc:  # counted and reported: a server may fail under load
+            failures.append(f"{type(exc).__name__}: {str(exc)[:160]}")
+            await asyncio.sleep(0.1)
+
+
+async def _client_main(urls: list[str], token: str, callers: int, start_at: float, seconds: float
+                       ) -> tuple[list[tuple[float, float, float, float, float]], list[str]]:
+    out: list[tuple[float, float, float, float, float]] = []
+    failures: list[str] = []
+    limits = httpx.Limits(max_connections=callers * 2, max_keepalive_connections=callers * 2)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        # One session per caller (a client of its own), the callers spread over the web processes.
+        sessions = [(urls[i % len(urls)], await _session(client, urls[i % len(urls)], token)) for i in range(callers)]
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        stop_at = time.monotonic() + seconds
+        await asyncio.gather(*[_caller(client, *sessions[i], stop_at, out, failures) for i in range(callers)])
+    # monotonic clocks are system-wide on Linux: the parent compares done_at with its own window.
+    return out, failures
+
+
+def _client_proc(args: tuple[list[str], str, int, float, float], queue: Any) -> None:
+    queue.put(asyncio.run(_client_main(*args)))
+
+
+# --- measuring ----------------------------------------------------------------------------------
+
+
+def _cpu_ticks(pids: list[int]) -> dict[int, int]:
+    ticks = {}
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks[pid] = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return ticks
+
+
+def _pg_backends(dsn: str) -> list[int]:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                            "AND pid <> pg_backend_pid()").fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(len(values) * q))] if values else float("nan")
+
+
+def run_round(name: str, urls: list[str], token: str, args: argparse.Namespace, pids: Any) -> dict[str, Any]:
+    """One round of the load against ``urls``; ``pids()`` lists the processes whose CPU is counted."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    per = [args.callers // args.procs + (1 if i < args.callers % args.procs else 0) for i in range(args.procs)]
+    start_at = time.time() + 8.0  # every client process has its sessions before the clock starts
+    procs = [ctx.Process(target=_client_proc, args=((urls, token, n, start_at, args.seconds), queue))
+             for n in per]
+    for p in procs:
+        p.start()
+    time.sleep(max(0.0, start_at - time.time()))
+    before = _cpu_ticks(pids())
+    window_start = time.monotonic()
+    window_end = window_start + args.seconds
+    time.sleep(args.seconds)
+    after = _cpu_ticks(list(set(pids()) | set(before)))
+    load = Path("/proc/loadavg").read_text().split()[:3]
+    results = [queue.get(timeout=args.seconds + 120) for _ in procs]
+    for p in procs:
+        p.join(30)
+    rows = [r for out, _ in results for r in out if window_start <= r[0] <= window_end]
+    failures = [f for _, fs in results for f in fs]
+    cpu_s = sum(after[pid] - before.get(pid, 0) for pid in after) / TICK
+    n = len(rows)
+    stats = {
+        "name": name, "tasks": n, "per_s": n / args.seconds, "failures": failures,
+        "create": [r[1] for r in rows], "c2t": [r[2] for r in rows], "seen": [r[3] for r in rows],
+        "e2e": [r[4] for r in rows], "cpu_ms_per_task": cpu_s * 1000 / n if n else float("nan"), "load": load,
+    }
+    _print(stats)
+    return stats
+
+
+def _print(s: dict[str, Any]) -> None:
+    def pp(key: str) -> str:
+        return f"p50 {statistics.median(s[key]):.0f} / p99 {_pct(s[key], 0.99):.0f} ms" if s[key] else "n/a"
+
+    print(f"  {s['name']:<9} {s['tasks']:5d} tasks = {s['per_s']:6.1f}/s | create {pp('create')} | "
+          f"created->terminal {pp('c2t')} | terminal->seen {pp('seen')} | end-to-end {pp('e2e')} | "
+          f"CPU {s['cpu_ms_per_task']:.1f} ms/task | load {' '.join(s['load'])}", flush=True)
+    if s["failures"]:
+        print(f"    {len(s['failures'])} failures, e.g. {s['failures'][0]}", flush=True)
+
+
+def _summary(all_stats: list[dict[str, Any]]) -> None:
+    by: dict[str, list[dict[str, Any]]] = {}
+    for s in all_stats:
+        by.setdefault(s["name"], []).append(s)
+    print("summary (all rounds):")
+    merged = {}
+    for name, runs in by.items():
+        merged[name] = m = {"name": name, "tasks": sum(r["tasks"] for r in runs),
+                            "per_s": statistics.mean(r["per_s"] for r in runs),
+                            "failures": [f for r in runs for f in r["failures"]],
+                            "cpu_ms_per_task": statistics.mean(r["cpu_ms_per_task"] for r in runs),
+                            "load": runs[-1]["load"]}
+        for key in ("create", "c2t", "seen", "e2e"):
+            m[key] = [v for r in runs for v in r[key]]
+        _print(m)
+    for a, b in (("service", "peer"), ("base", "peer"), ("service", "base")):
+        if a in merged and b in merged and merged[b]["per_s"]:
+            print(f"  throughput {a}/{b}: {merged[a]['per_s'] / merged[b]['per_s']:.2f}x")
+
+
+def exactly_once(dsn: str) -> str:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT status, attempt, result->'content'->0->>'text' FROM mcptasks_task").fetchall()
+    bad = [r for r in rows if r[0] not in TERMINAL or r[1] != 1 or (r[0] == "completed" and "50" not in (r[2] or ""))]
+    live = sum(1 for r in rows if r[0] not in TERMINAL)
+    return f"{len(rows)} tasks, {len(rows) - len(bad)} completed once, {live} still live, {len(bad)} other"
+
+
+def _start_service(repo: Path, concurrency: int) -> tuple[Any, str, list[str], list[int]]:
+    """A stack of ``repo``'s code: 2 daphne + 2 workers, the bench tenant without limits or rates."""
+    from tests.support import servers
+
+    servers.REPO = repo  # the processes (and manage.py) run in that checkout
+    work = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
+    stack, teardown = make_stack(work)
+    stack.teardown = teardown
+    for key in ("MCPTASKS_ALLOW_ANONYMOUS", *FAST_SETTINGS):
+        stack.env.pop(key, None)
+    stack.env["DEBUG"] = "0"
+    stack.env["MCPTASKS_AUDIT_KEY"] = "bench-audit-key"
+    token = stack.token("bench", "bencher")
+    stack.manage("shell", "-c", "from tenants.models import Tenant; Tenant.objects.filter(slug='bench').update("
+                 "max_concurrent_tasks=None, max_concurrent_tasks_per_principal=None, rate_create_per_min=None, "
+                 "rate_read_per_min=None, rate_other_per_min=None)")
+    webs = [stack.daphne(embedded_worker=False) for _ in range(2)]
+    workers = [stack.worker(concurrency=concurrency) for _ in range(2)]
+    return stack, token, [w.url for w in webs], [p.popen.pid for p in webs + workers]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--procs", type=int, default=4)
+    parser.add_argument("--callers", type=int, default=60)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--only", choices=("service", "peer"))
+    parser.add_argument("--base", type=Path, help="another checkout (e.g. a worktree of main): measured as 'base' "
+                                                  "in the same rounds, for before/after figures in one run")
+    args = parser.parse_args()
+    if not os.environ.get("DATABASE_URL", "").startswith("postgres") or not os.environ.get("REDIS_URL"):
+        sys.exit("set DATABASE_URL (PostgreSQL) and REDIS_URL")
+
+    stacks: dict[str, tuple[Any, str, list[str], list[int]]] = {}
+    peer = None
+    try:
+        if args.only != "peer":
+            if args.base is not None:
+                stacks["base"] = _start_service(args.base.resolve(), args.concurrency)
+            stacks["service"] = _start_service(REPO, args.concurrency)
+        port = free_port()
+        peer = subprocess.Popen([sys.executable, str(REPO / "bench/peers/sdk_server.py"), str(port)], cwd=REPO,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        peer_url = f"http://127.0.0.1:{port}/mcp"
+        for _ in range(150):
+            try:
+                httpx.get(peer_url, timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        print(f"e2e load: {args.procs} client processes, {args.callers} callers, demo_sleep 50 ms, tasks/get every "
+              f"100 ms; service: 2 daphne + 2 workers x {args.concurrency}; peer: mcp SDK, 1 uvicorn; "
+              f"{args.rounds} x {args.seconds:.0f} s rounds; {os.cpu_count()} CPUs"
+              + (f"; base: {args.base}" if args.base else ""), flush=True)
+        stats = []
+        for i in range(args.rounds):
+            print(f"round {i + 1}:", flush=True)
+            for name, (stack, token, urls, pids) in stacks.items():
+                dsn = stack.env["DATABASE_URL"]
+                stats.append(run_round(name, urls, token, args,
+                                       lambda pids=pids, dsn=dsn: pids + _pg_backends(dsn)))  # type: ignore[misc]
+            if args.only != "service":
+                stats.append(run_round("peer", [peer_url], "", args, lambda: [peer.pid]))  # type: ignore[union-attr]
+        _summary(stats)
+        time.sleep(2)
+        for name, (stack, _t, _u, _p) in stacks.items():
+            print(f"{name} exactly once: {exactly_once(stack.env['DATABASE_URL'])}")
+    finally:
+        if peer is not None:
+            peer.kill()
+            peer.wait(10)
+        for stack, _t, _u, _p in stacks.values():
+            stack.teardown()
+
+
+if __name__ == "__main__":
+    main()
