@@ -245,7 +245,7 @@ async def _lookup(ctx: RequestContext, task_id: str, method: str, *, status_only
         raise
 
 
-@dispatcher.register("tasks/get", TaskIdParams, scope=TASKS, rate="read")
+@dispatcher.register("tasks/get", TaskIdParams, scope=TASKS, rate="read", poll=True)
 async def tasks_get(ctx: RequestContext, params: TaskIdParams) -> dict[str, Any]:
     """The task's current state."""
     task = await _lookup(ctx, params.taskId, "tasks/get", status_only=True)
