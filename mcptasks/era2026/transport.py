@@ -194,7 +194,7 @@ def _ows(value: str | None) -> str | None:
 
 
 async def serve(
-    raw: Any, msg: Any, *, headers: dict[str, str], raw_headers: list[tuple[bytes, bytes]], auth: AuthContext,
+    msg: Any, *, headers: dict[str, str], raw_headers: list[tuple[bytes, bytes]], auth: AuthContext,
     resource_url: Callable[[], str],
 ) -> Reply:
     """Answer one 2026-07-28 POST (request, or a notification/response, which this era has no use for).
@@ -212,6 +212,7 @@ async def serve(
     try:
         meta = check_meta(msg.params)
     except McpError as err:
+        # -32602 is a 200 elsewhere in this era; a missing or malformed _meta is a 400.
         return JsonReply(400, jsonrpc.error_response(rid, err))
     try:
         check_repeated_headers(raw_headers)

@@ -645,7 +645,7 @@ class McpConsumer(AsyncHttpConsumer):
         # --- era2026 hook: per-request _meta / no session is MCP 2026-07-28 (mcptasks.era2026).
         if era2026_transport.selects(self._headers(), raw):
             await self._send_reply(await era2026_transport.serve(
-                raw, msg, headers=self._headers(), raw_headers=self.scope.get("headers", []), auth=self.auth,
+                msg, headers=self._headers(), raw_headers=self.scope.get("headers", []), auth=self.auth,
                 resource_url=self._resource_url,
             ))
             return
