@@ -245,7 +245,7 @@ async def _lookup(ctx: RequestContext, task_id: str, method: str, *, status_only
         raise
 
 
-@dispatcher.register("tasks/get", TaskIdParams, scope=TASKS, rate="read")
+@dispatcher.register("tasks/get", TaskIdParams, scope=TASKS, rate="read", poll=True)
 async def tasks_get(ctx: RequestContext, params: TaskIdParams) -> dict[str, Any]:
     """The task's current state."""
     task = await _lookup(ctx, params.taskId, "tasks/get", status_only=True)
@@ -388,19 +388,19 @@ async def logging_set_level(ctx: RequestContext, params: SetLevelParams) -> dict
     return {}
 
 
-# --- authorization hints for the consumer ---------------------------------------------------
+# --- the table's admission rules, by method (what mcptasks.transport.admission applies) -------
 
 
 def required_scope(method: str, params: dict[str, Any] | None) -> str | None:
     """The OAuth scope a request needs, as its route declares (None: any valid token)."""
     route = dispatcher.route(method)
-    return route.scope_for(params) if route is not None else None
+    return route.admission_rules(None, params)[0] if route is not None else None
 
 
 def operation_class(method: str, params: dict[str, Any] | None) -> str:
     """Rate-limit class of a request (``create``, ``read`` or ``other``), as its route declares."""
     route = dispatcher.route(method)
-    return route.rate_for(params) if route is not None else "other"
+    return route.admission_rules(None, params)[1] if route is not None else "other"
 
 
 __all__ = ["INVALID_PARAMS", "StreamReply", "dispatcher"]

@@ -64,10 +64,11 @@ def install_access_log_redaction() -> None:
 
 
 def _payload_too_large(limit: int) -> bytes:
-    body = (
-        '{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Payload Too Large: the limit is '
-        f'{limit} bytes"}}}}'
-    ).encode()
+    # Imported when first needed: Django's logging set-up loads this module (for its filter)
+    # before settings are complete, and the transport's table needs nothing of that.
+    from .transport.errors import payload_too_large_body
+
+    body = payload_too_large_body(limit)
     return (
         b"HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\n"
         + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()

@@ -161,7 +161,32 @@ def creates_task(ctx: EraContext, tool_name: str) -> bool:
     return tool is not None and tool.task_support != "forbidden" and ctx.meta.declares_tasks()
 
 
-@dispatcher.register("tools/call", CallToolParams, scope=legacy.TOOLS)
+def _continues_task(ctx: EraContext, request_state: str, tool_name: str) -> bool:
+    """Whether ``request_state`` is a valid state of the caller that continues a task (an invalid
+    one is refused by the handler, -32602, as before)."""
+    try:
+        return state.verify(auth=ctx.auth, state=request_state, tool=tool_name).kind == "task"
+    except McpError:
+        return False
+
+
+def _tools_call_rules(ctx: EraContext, params: Any) -> tuple[str | None, str] | None:
+    """The admission rule of ``tools/call`` (the route's own, see ``Route.rules``): creating a task
+    needs ``mcp:tasks`` and counts as ``create``; a retry whose ``requestState`` continues a task
+    (gather-input-first) answers that task's input, so it needs what ``tasks/update`` needs."""
+    if not isinstance(params, dict) or not isinstance(params.get("name"), str):
+        return None
+    request_state = params.get("requestState")
+    if request_state is None and creates_task(ctx, params["name"]):
+        return legacy.TASKS, "create"
+    if isinstance(request_state, str) and _continues_task(ctx, request_state, params["name"]):
+        update = dispatcher.route("tasks/update")
+        assert update is not None
+        return update.scope, update.rate
+    return None
+
+
+@dispatcher.register("tools/call", CallToolParams, scope=legacy.TOOLS, rules=_tools_call_rules)
 async def tools_call(ctx: EraContext, params: CallToolParams) -> dict[str, Any] | PlainRound:
     """Run a tool: as a task when the server decides so, else as rounds of a plain request."""
     tool = ctx.registry.get_tool(params.name)
@@ -335,7 +360,7 @@ async def _lookup(ctx: EraContext, task_id: str, method: str) -> Task:
         raise
 
 
-@dispatcher.register("tasks/get", TaskIdParams, scope=legacy.TASKS, rate="read")
+@dispatcher.register("tasks/get", TaskIdParams, scope=legacy.TASKS, rate="read", poll=True)
 async def tasks_get(ctx: EraContext, params: TaskIdParams) -> dict[str, Any]:
     """The task with its ``inputRequests``, ``result`` or ``error``."""
     _require_tasks(ctx)
@@ -380,7 +405,16 @@ class ListenStream:
     listen: listen_mod.Listen
 
 
-@dispatcher.register("subscriptions/listen", ListenParams, scope=legacy.TOOLS, rate="read")
+def _listen_rules(ctx: EraContext, params: Any) -> tuple[str | None, str] | None:
+    """The admission rule of ``subscriptions/listen``: watching tasks needs what reading them needs."""
+    wanted = params.get("notifications") if isinstance(params, dict) else None
+    if isinstance(wanted, dict) and wanted.get("taskIds") is not None:
+        return legacy.TASKS, "read"
+    return None
+
+
+@dispatcher.register("subscriptions/listen", ListenParams, scope=legacy.TOOLS, rate="read",
+                     rules=_listen_rules)
 async def subscriptions_listen(ctx: EraContext, params: ListenParams) -> ListenStream:
     """Open a listen: agree to the task ids the caller may watch (the only kind this server emits).
 
@@ -459,40 +493,6 @@ async def prompts_get(ctx: EraContext, params: PromptParams) -> dict[str, Any]:
 async def completion_complete(ctx: EraContext, params: CompleteParams) -> dict[str, Any]:
     """Argument completion."""
     return era2026.complete(await legacy.completion_complete(ctx.legacy(), params))
-
-
-# --- admission hints for the transport --------------------------------------------------------
-
-
-def _continues_task(ctx: EraContext, request_state: str, tool_name: str) -> bool:
-    """Whether ``request_state`` is a valid state of the caller that continues a task (an invalid
-    one is refused by the handler, -32602, as before)."""
-    try:
-        return state.verify(auth=ctx.auth, state=request_state, tool=tool_name).kind == "task"
-    except McpError:
-        return False
-
-
-def admission(ctx: EraContext, method: str, params: dict[str, Any] | None) -> tuple[str | None, str]:
-    """(scope, rate class) of a request: creating a task needs ``mcp:tasks`` and counts as ``create``;
-    a retry whose ``requestState`` continues a task (gather-input-first) answers that task's input,
-    so it needs what ``tasks/update`` needs."""
-    if method == "tools/call" and isinstance(params, dict) and isinstance(params.get("name"), str):
-        request_state = params.get("requestState")
-        if request_state is None and creates_task(ctx, params["name"]):
-            return legacy.TASKS, "create"
-        if isinstance(request_state, str) and _continues_task(ctx, request_state, params["name"]):
-            update = dispatcher.route("tasks/update")
-            assert update is not None
-            return update.scope, update.rate
-    if method == "subscriptions/listen" and isinstance(params, dict):
-        wanted = params.get("notifications")
-        if isinstance(wanted, dict) and wanted.get("taskIds") is not None:
-            return legacy.TASKS, "read"  # watching tasks needs what reading them needs
-    route = dispatcher.route(method)
-    if route is None:
-        return None, "other"
-    return route.scope, route.rate
 
 
 __all__ = ["EraContext", "ListenParams", "dispatcher"]

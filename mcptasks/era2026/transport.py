@@ -7,28 +7,30 @@ that no session-based revision has. Everything else is 2025-11-25 exactly as bef
 
 :func:`serve` applies, in order: the ``_meta`` shape (-32602, HTTP 400), the protocol version
 (-32022, HTTP 400), the SEP-2243 headers (-32020, HTTP 400; also when one of them is
-repeated), the method table (-32601, HTTP
-404), then the same scope check, rate limits and refusal audit as the 2025-11-25 path, and
-dispatches. The caller was authenticated before the body was read, as for every POST.
+repeated), the method table (-32601, HTTP 404), then the one admission pipeline both eras run
+(:mod:`mcptasks.transport.admission`: scope, rate class, rate limits, fast polls), and
+dispatches. The caller was authenticated before the body was read, as for every POST. It never
+holds the consumer: it returns the reply to send (:mod:`mcptasks.transport.replies`), and the
+HTTP statuses of its errors come from the one error table (:mod:`mcptasks.transport.errors`).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import logging
 import re
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from asgiref.sync import sync_to_async
 from pydantic import ValidationError
 
-from tenants import ratelimit
-from tenants.auth import insufficient_scope
-from tenants.exceptions import QuotaExceeded, RateLimited
+from tenants.auth import AuthContext
 
-from .. import conf, observability, watch
+from .. import conf, observability
 from ..protocol import era2026, jsonrpc, versions
 from ..protocol.era2026 import META_PROTOCOL_VERSION, NAME_SOURCE, RequestMeta
 from ..protocol.errors import (
@@ -37,25 +39,18 @@ from ..protocol.errors import (
     INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
-    MISSING_CLIENT_CAPABILITY,
     UNSUPPORTED_PROTOCOL_VERSION,
     McpError,
 )
 from ..registry import registry
-from ..transport import errors, sse
-from ..transport.errors import UNAVAILABLE
+from ..transport import admission, errors, sse
+from ..transport.errors import ERA_2026, UNAVAILABLE
+from ..transport.replies import JsonReply, ListenReply, Reply, SendFrame, SseReply
 from . import handlers, tasks
 from .handlers import EraContext
 
-if TYPE_CHECKING:
-    from ..transport.consumer import McpConsumer
-
 logger = logging.getLogger(__name__)
 
-#: Codes this era answers with HTTP 400 (SEP-2243/2575) and 404 (unknown method).
-_STATUS_BY_CODE = {
-    HEADER_MISMATCH: 400, MISSING_CLIENT_CAPABILITY: 400, UNSUPPORTED_PROTOCOL_VERSION: 400, METHOD_NOT_FOUND: 404,
-}
 #: Methods whose ``Mcp-Name`` may be absent when ``ERA2026_TASKS_NAME_OPTIONAL`` is on (off by
 #: default): the published Python client of the tasks extension (``mcp`` 2.3 under FastMCP 4.0)
 #: sends none on them. A present value must always match ``params.taskId``.
@@ -198,31 +193,29 @@ def _ows(value: str | None) -> str | None:
     return value.strip(" \t") if value is not None else None
 
 
-def status_for(err: McpError, *, meta_error: bool = False) -> int:
-    """The HTTP status of a JSON-RPC error in this era."""
-    if meta_error:
-        return 400
-    return _STATUS_BY_CODE.get(err.code, 200)
+async def serve(
+    msg: Any, *, headers: dict[str, str], raw_headers: list[tuple[bytes, bytes]], auth: AuthContext,
+    resource_url: Callable[[], str],
+) -> Reply:
+    """Answer one 2026-07-28 POST (request, or a notification/response, which this era has no use for).
 
-
-async def serve(consumer: McpConsumer, raw: Any, msg: Any) -> None:
-    """Answer one 2026-07-28 POST (request, or a notification/response, which this era has no use for)."""
+    ``headers``: the request's headers by lower-case name (the first of repeated ones);
+    ``raw_headers``: all of them as received; ``resource_url``: gives the protected resource a
+    scope challenge names. Returns what the consumer is to send.
+    """
     if isinstance(msg, jsonrpc.JSONRPCNotification):
-        await consumer._send_raw(202, b"", [])
-        return
+        return JsonReply(202)
     if not isinstance(msg, jsonrpc.JSONRPCRequest):
         err = McpError(INVALID_REQUEST, "Invalid Request: this revision has no client responses")
-        await consumer._send_json(400, jsonrpc.error_response(None, err))
-        return
+        return JsonReply(400, jsonrpc.error_response(None, err))
     rid = msg.id
-    headers = consumer._headers()
     try:
         meta = check_meta(msg.params)
     except McpError as err:
-        await consumer._send_json(400, jsonrpc.error_response(rid, err))
-        return
+        # -32602 is a 200 elsewhere in this era; a missing or malformed _meta is a 400.
+        return JsonReply(400, jsonrpc.error_response(rid, err))
     try:
-        check_repeated_headers(consumer.scope.get("headers", []))
+        check_repeated_headers(raw_headers)
         check_headers(headers, msg.method, msg.params, meta)
         check_version(meta)
         if msg.method == "tools/call" and isinstance(msg.params, dict):
@@ -233,68 +226,52 @@ async def serve(consumer: McpConsumer, raw: Any, msg: Any) -> None:
         if handlers.dispatcher.route(msg.method) is None:
             raise McpError(METHOD_NOT_FOUND, f"Method not found: {msg.method[:_QUOTE]}")
     except McpError as err:
-        await consumer._send_json(status_for(err), jsonrpc.error_response(rid, err))
-        return
-    auth = consumer.auth
-    assert auth is not None
+        return _error(rid, err)
     ctx = EraContext(auth=auth, meta=meta, request_id=rid)
-    scope, op_class = handlers.admission(ctx, msg.method, msg.params)
-    if scope and not auth.has_scope(scope):
-        await watch.arefused(auth=auth, action="auth.scope_refused", data={"method": msg.method[:64], "scope": scope})
-        refusal = insufficient_scope(scope=scope, resource_url=consumer._resource_url())
-        await consumer._send_json(refusal.status, {**refusal.body, "id": rid}, refusal.headers)
-        return
-    try:
-        # The same per-class limits as the 2025-11-25 path (tasks/get polls count as reads).
-        await sync_to_async(ratelimit.check_rate)(auth=auth, op_class=op_class)  # type: ignore[arg-type]
-    except RateLimited as exc:
-        await watch.arefused(auth=auth, action="ratelimit.refused",
-                             data={"method": msg.method[:64], "class": exc.op_class, "limit": exc.limit})
-        await consumer._refuse(rid, exc)
-        return
+    # The same pipeline as the session-based era: scope, rate class, rate limits, fast polls.
+    admitted = await admission.admit(
+        table=handlers.dispatcher, ctx=ctx, auth=auth, method=msg.method, params=msg.params, request_id=rid,
+        resource_url=resource_url, era=ERA_2026,
+    )
+    if isinstance(admitted, JsonReply):
+        return admitted
     try:
         with observability.rpc_span(msg.method, msg.params, auth=auth, known=True) as span:
             result = await handlers.dispatcher.dispatch(ctx, msg.method, msg.params)
             observability.note_task(span, result)
     except UNAVAILABLE:
         raise  # answered (503) where every database outage is
-    except McpError as err:
-        await consumer._send_json(status_for(err), jsonrpc.error_response(rid, err))
-        return
     except Exception as exc:
-        if errors.rule_for(exc) is None:
+        answered = await admission.failure(exc, auth=auth, method=msg.method, era=ERA_2026)
+        if answered is None:
             raise
-        if isinstance(exc, QuotaExceeded):
-            await watch.arefused(auth=auth, action="quota.refused",
-                                 data={"method": msg.method[:64], "reason": exc.message[:200]})
-        await consumer._refuse(rid, exc)
-        return
+        error, status, extra = answered
+        return JsonReply(status, jsonrpc.error_response(rid, error), extra)
     if isinstance(result, handlers.PlainRound):
-        await _stream_round(consumer, rid, result)
-        return
+        return SseReply(functools.partial(_stream_round, rid, result))
     if isinstance(result, handlers.ListenStream):
-        await consumer.start_listen(result.listen)
-        return
-    await consumer._send_json(200, jsonrpc.response(rid, result))
+        return ListenReply(result.listen)
+    return JsonReply(200, jsonrpc.response(rid, result))
 
 
-async def _stream_round(consumer: McpConsumer, rid: str | int, round_: handlers.PlainRound) -> None:
-    """Answer a plain call that asked for progress: SSE with its progress, then the response.
+def _error(rid: str | int, err: McpError) -> JsonReply:
+    error, status, headers = errors.answer(err, era=ERA_2026)
+    return JsonReply(status, jsonrpc.error_response(rid, error), headers)
+
+
+async def _stream_round(rid: str | int, round_: handlers.PlainRound, send: SendFrame) -> bytes:
+    """Answer a plain call that asked for progress: its progress, then the response (the last frame).
 
     The stream carries notifications and the one response only (never a server request). It is
     not resumable: a client that loses it retries the call.
     """
-    await consumer.send_headers(status=200, headers=[
-        (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache, no-transform"),
-        (b"x-accel-buffering", b"no"), *consumer.cors_headers,
-    ])
     position = 0
 
     async def forward() -> None:
         nonlocal position
         notes, position = await sync_to_async(tasks.progress_since)(task=round_.task, after=position)
         for note in notes:
-            await consumer.send_body(sse.event(json.dumps(note, separators=(",", ":"))), more_body=True)
+            await send(sse.event(json.dumps(note, separators=(",", ":"))))
 
     try:
         result = await round_.outcome(forward)
@@ -304,5 +281,4 @@ async def _stream_round(consumer: McpConsumer, rid: str | int, round_: handlers.
         message = jsonrpc.error_response(rid, err)
     except UNAVAILABLE:
         message = jsonrpc.error_response(rid, McpError(INTERNAL_ERROR, "Service temporarily unavailable"))
-    await consumer.send_body(sse.event(json.dumps(message, separators=(",", ":"))), more_body=False)
-    consumer.responded = True
+    return sse.event(json.dumps(message, separators=(",", ":")))

@@ -20,6 +20,9 @@ logger = logging.getLogger(__name__)
 
 CtxT = TypeVar("CtxT")
 Handler = Callable[[Any, Any], Awaitable[Any]]
+#: A route's own admission rule: (scope, rate class) decided from the request's context and raw
+#: params, or None for what the route declares.
+Rules = Callable[[Any, Any], tuple[str | None, str] | None]
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,10 @@ class Route:
     ``scope`` is the OAuth scope the method needs (None: any valid token) and ``rate`` its
     rate-limit class; a task-augmented request (params with ``task``) uses ``task_scope`` and
     ``task_rate`` when they are set. ``before_init`` methods may be called without a session.
+    ``poll``: a request of this method polls the task its ``params.taskId`` names (a poll sooner
+    than the task's poll interval costs an extra read). ``rules``: where scope and rate depend on
+    more than the params (the server's own decision, e.g. whether a call creates a task), the
+    route's function deciding them (see :meth:`admission_rules`).
     """
 
     method: str
@@ -39,6 +46,8 @@ class Route:
     rate: str = "other"
     task_scope: str | None = None
     task_rate: str | None = None
+    poll: bool = False
+    rules: Rules | None = None
 
     def scope_for(self, params: Any) -> str | None:
         """The scope this request needs."""
@@ -51,6 +60,15 @@ class Route:
         if self.task_rate is not None and isinstance(params, dict) and "task" in params:
             return self.task_rate
         return self.rate
+
+    def admission_rules(self, ctx: Any, params: Any) -> tuple[str | None, str]:
+        """(scope, rate class) of this request: the route's ``rules`` if it has them and they
+        decide, else the declared ones."""
+        if self.rules is not None:
+            decided = self.rules(ctx, params)
+            if decided is not None:
+                return decided
+        return self.scope_for(params), self.rate_for(params)
 
 
 class Dispatcher(Generic[CtxT]):
@@ -71,6 +89,8 @@ class Dispatcher(Generic[CtxT]):
         rate: str = "other",
         task_scope: str | None = None,
         task_rate: str | None = None,
+        poll: bool = False,
+        rules: Rules | None = None,
     ) -> Callable[[Handler], Handler]:
         """Decorator: register ``handler`` for ``method`` with its rules (see :class:`Route`)."""
 
@@ -79,7 +99,7 @@ class Dispatcher(Generic[CtxT]):
                 raise ValueError(f"method {method!r} registered twice")
             self._routes[method] = Route(
                 method, params, handler, before_init=before_init, scope=scope, rate=rate,
-                task_scope=task_scope, task_rate=task_rate,
+                task_scope=task_scope, task_rate=task_rate, poll=poll, rules=rules,
             )
             return handler
 

@@ -30,17 +30,15 @@ from django.http.request import split_domain_port, validate_host
 from pydantic import ValidationError
 
 from tenants import conf as tenant_conf
-from tenants import jwt_issuers, ratelimit
-from tenants.auth import AuthContext, AuthError, authenticate, cached_context, insufficient_scope, remember
+from tenants import jwt_issuers
+from tenants.auth import AuthContext, AuthError, authenticate, cached_context, remember
 from tenants.coalesce import SingleFlight
 from tenants.conf import tenant_resource
-from tenants.exceptions import QuotaExceeded, RateLimited
-from tenants.selectors import TenantRow, cached_tenant_row, limits_of, tenant_row
 
 from .. import bus, conf, layers, limits, metrics, observability, selectors, services, watch
 from ..era2026 import transport as era2026_transport
 from ..era2026.listen import Listen
-from ..handlers import RequestContext, StreamReply, dispatcher, operation_class, required_scope
+from ..handlers import RequestContext, StreamReply, dispatcher
 from ..models import McpSession, StreamEvent, Task
 from ..protocol import jsonrpc, versions
 from ..protocol.errors import (
@@ -53,8 +51,9 @@ from ..protocol.errors import (
     McpError,
 )
 from ..protocol.messages import CLIENT_NOTIFICATIONS, TASK_ID_PATTERN, CancelledNotificationParams
-from . import errors, sse
+from . import admission, errors, sse
 from .errors import UNAVAILABLE
+from .replies import JsonReply, ListenReply, Reply, SseReply
 
 logger = logging.getLogger(__name__)
 
@@ -97,10 +96,9 @@ class HttpError(Exception):
         self.body = body if body is not None else jsonrpc.error_response(rid, McpError(code, message))
 
 
-#: Verifications of one credential (by its cache key, a digest) and reads of one tenant's limits
-#: under way in this process: concurrent requests share them.
+#: Verifications of one credential (by its cache key, a digest) under way in this process:
+#: concurrent requests share them.
 _verifications: SingleFlight[bytes, AuthContext] = SingleFlight()
-_tenant_reads: SingleFlight[int, TenantRow] = SingleFlight()
 
 
 def _read_task_id(msg: Any) -> str | None:
@@ -370,10 +368,9 @@ class McpConsumer(AsyncHttpConsumer):
             if await self._preflight():
                 raise StopConsumer()
         self.body_size += len(chunk)
-        if self.body_size > conf.get().MAX_BODY_BYTES:
-            await self._send_json(413, jsonrpc.error_response(
-                None, McpError(INVALID_REQUEST, f"Payload Too Large: the limit is {conf.get().MAX_BODY_BYTES} bytes")
-            ))
+        limit = conf.get().MAX_BODY_BYTES
+        if self.body_size > limit:
+            await self._send_json(413, jsonrpc.error_response(None, errors.payload_too_large(limit)))
             raise StopConsumer()
         if chunk:
             self.body.append(chunk)
@@ -401,9 +398,9 @@ class McpConsumer(AsyncHttpConsumer):
         Returns True when a response was sent.
         """
         try:
-            declared = self._header("content-length")
-            if declared.isdigit() and int(declared) > conf.get().MAX_BODY_BYTES:
-                raise HttpError(413, f"Payload Too Large: the limit is {conf.get().MAX_BODY_BYTES} bytes")
+            declared, limit = self._header("content-length"), conf.get().MAX_BODY_BYTES
+            if declared.isdigit() and int(declared) > limit:
+                raise HttpError(413, errors.payload_too_large(limit).message)
             if self.scope.get("method") == "POST":
                 self._check_host_and_origin()
                 self._check_protocol_header()
@@ -655,7 +652,10 @@ class McpConsumer(AsyncHttpConsumer):
         assert self.auth is not None
         # --- era2026 hook: per-request _meta / no session is MCP 2026-07-28 (mcptasks.era2026).
         if era2026_transport.selects(self._headers(), raw):
-            await era2026_transport.serve(self, raw, msg)
+            await self._send_reply(await era2026_transport.serve(
+                msg, headers=self._headers(), raw_headers=self.scope.get("headers", []), auth=self.auth,
+                resource_url=self._resource_url,
+            ))
             return
         self._check_protocol_header(body_read=True)
         # --- end era2026 hook
@@ -709,64 +709,34 @@ class McpConsumer(AsyncHttpConsumer):
     async def _request(self, msg: jsonrpc.JSONRPCRequest) -> None:
         assert self.auth is not None
         rid = msg.id
-        route = dispatcher.route(msg.method)
         # Clipped here too: the plain log format writes messages as they are.
         logger.debug("request %.100s id=%.100r", msg.method, rid)
-        if self.session is not None and not self.session.initialized and route is not None and not route.before_init:
-            # The method table says what may run before notifications/initialized (ping); the
-            # official SDK servers refuse the rest the same way.
-            error = McpError(INVALID_REQUEST, "Invalid Request: send notifications/initialized before other requests")
-            await self._send_json(400, jsonrpc.error_response(rid, error))
-            return
-        scope = required_scope(msg.method, msg.params)
-        if scope and not self.auth.has_scope(scope):
-            await watch.arefused(auth=self.auth, action="auth.scope_refused",
-                                 data={"method": msg.method[:64], "scope": scope})
-            err = insufficient_scope(scope=scope, resource_url=self._resource_url())
-            # The request was parsed: answer it as a JSON-RPC error response carrying its id.
-            await self._send_json(err.status, {**err.body, "id": rid}, err.headers)
-            return
-        try:
-            polled = self.named_task_id if msg.method == "tasks/get" else None
-            op_class = operation_class(msg.method, msg.params)
-            tenant_id = self.auth.tenant_id
-            row = cached_tenant_row(tenant_id=tenant_id)
-            if row is None:
-                # The tenant's limits are re-read from the database once per LIMITS_CACHE_S, by
-                # one request; the others in flight wait for that read.
-                row = await _tenant_reads.run(
-                    tenant_id, lambda: database_sync_to_async(tenant_row)(tenant_id=tenant_id)
-                )
-            too_soon = await ratelimit.acount_request(
-                auth=self.auth, op_class=op_class, polled_task_id=polled,  # type: ignore[arg-type]
-                poll_interval_ms=limits_of(row).poll_interval_ms, row=row,
-            )
-        except RateLimited as exc:
-            await watch.arefused(auth=self.auth, action="ratelimit.refused",
-                                 data={"method": msg.method[:64], "class": exc.op_class, "limit": exc.limit})
-            await self._refuse(rid, exc)
-            return
-        if too_soon:
-            await watch.afast_poll(auth=self.auth)
         session = self.session
         version = session.protocol_version if session is not None else versions.LATEST
         ctx = RequestContext(
             auth=self.auth, session=session, protocol_version=version, request_id=rid, open_stream=self._open_stream,
             prefetched=self.prefetched,
         )
+        # The one admission pipeline both eras run: initialized rule, scope, rate limits, fast polls.
+        admitted = await admission.admit(
+            table=dispatcher, ctx=ctx, auth=self.auth, method=msg.method, params=msg.params, request_id=rid,
+            resource_url=self._resource_url, initialized=session is None or session.initialized,
+        )
+        if isinstance(admitted, JsonReply):
+            await self._send_reply(admitted)
+            return
         try:
-            with observability.rpc_span(msg.method, msg.params, auth=self.auth, known=route is not None) as span:
+            known = admitted.route is not None
+            with observability.rpc_span(msg.method, msg.params, auth=self.auth, known=known) as span:
                 result = await dispatcher.dispatch(ctx, msg.method, msg.params)
                 observability.note_task(span, result)
         except UNAVAILABLE:
             raise  # answered (503) where every database outage is
         except Exception as exc:
-            if errors.rule_for(exc) is None:
+            answered = await admission.failure(exc, auth=self.auth, method=msg.method)
+            if answered is None:
                 raise
-            if isinstance(exc, QuotaExceeded):
-                await watch.arefused(auth=self.auth, action="quota.refused",
-                                     data={"method": msg.method[:64], "reason": exc.message[:200]})
-            await self._refuse(rid, exc)
+            await self._refuse(rid, answered)
             return
         if isinstance(result, StreamReply):
             self.task = result.task
@@ -795,13 +765,7 @@ class McpConsumer(AsyncHttpConsumer):
     async def _start_sse(
         self, *, priming_id: str | None, extra: list[tuple[bytes, bytes]] | None = None
     ) -> None:
-        headers = [
-            (b"content-type", b"text/event-stream"),
-            (b"cache-control", b"no-cache, no-transform"),
-            (b"x-accel-buffering", b"no"),
-            *self.cors_headers,
-            *(extra or []),
-        ]
+        headers = [*sse.HEADERS, *self.cors_headers, *(extra or [])]
         await self.send_headers(status=200, headers=headers)
         self.streaming = True
         _LIVE_STREAMS.add(self)
@@ -1177,19 +1141,37 @@ class McpConsumer(AsyncHttpConsumer):
         self.responded = True
         await self.send_response(status, body, headers=[*headers, *self.cors_headers])
 
-    async def _refuse(self, rid: Any, exc: Exception) -> None:
-        """Answer request ``rid`` with ``exc`` as the error table says.
+    async def _refuse(self, rid: Any, answered: tuple[McpError, int, dict[str, str]]) -> None:
+        """Answer request ``rid`` with an error as the error table words it (``errors.answer``).
 
         A plain ``tools/call`` opens its SSE response before its row is created (and refused,
         e.g. by the quota): then the error is the stream's last event, as its result would be.
         """
-        error, status, headers = errors.answer(exc)
+        error, status, headers = answered
         if self.streaming:
             message = json.dumps(jsonrpc.error_response(rid, error), separators=(",", ":"))
             await self.send_body(sse.event(message), more_body=True)
             await self._close()
             return
         await self._send_json(status, jsonrpc.error_response(rid, error), headers)
+
+    async def _send_reply(self, reply: Reply) -> None:
+        """Write what an era's request path returned (see :mod:`.replies`)."""
+        if isinstance(reply, ListenReply):
+            await self.start_listen(reply.listen)
+        elif isinstance(reply, SseReply):
+            await self.send_headers(status=200, headers=[*sse.HEADERS, *self.cors_headers])
+
+            async def send(frame: bytes) -> None:
+                await self.send_body(frame, more_body=True)
+
+            last = await reply.produce(send)
+            await self.send_body(last, more_body=False)
+            self.responded = True
+        elif reply.payload is None:
+            await self._send_raw(reply.status, b"", [])
+        else:
+            await self._send_json(reply.status, reply.payload, reply.headers)
 
     async def _send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
         hdrs = [(b"content-type", b"application/json")]

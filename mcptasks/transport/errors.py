@@ -2,12 +2,16 @@
 
 Handlers and services raise what they mean (``McpError`` with its own code, a tenant's
 ``RateLimited`` or ``QuotaExceeded``, a database outage); :func:`answer` turns any of them into
-the JSON-RPC error and the HTTP status and headers that carry it. Anything not in the table is
-a crash: -32603 "Internal error", logged with its traceback, never shown to the client.
+the JSON-RPC error and the HTTP status and headers that carry it, for either era of the endpoint
+(the 2026-07-28 revision carries a few JSON-RPC codes in a 400 or 404, see
+:data:`STATUS_BY_CODE`). Anything not in the table is a crash: -32603 "Internal error", logged
+with its traceback, never shown to the client. The "Payload Too Large" refusal is worded here
+too (:func:`payload_too_large`), wherever the body limit is enforced.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +20,23 @@ from django.db import InterfaceError, OperationalError
 
 from tenants.exceptions import QuotaExceeded, RateLimited
 
-from ..protocol.errors import INTERNAL_ERROR, QUOTA_EXCEEDED, RATE_LIMITED, McpError
+from ..protocol import era2026, jsonrpc
+from ..protocol.errors import (
+    HEADER_MISMATCH,
+    INTERNAL_ERROR,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    MISSING_CLIENT_CAPABILITY,
+    QUOTA_EXCEEDED,
+    RATE_LIMITED,
+    UNSUPPORTED_PROTOCOL_VERSION,
+    McpError,
+)
+
+#: The eras of the one endpoint: the session-based revisions (2025-11-25 and earlier) and the
+#: stateless 2026-07-28 one.
+SESSION_ERA = "session"
+ERA_2026 = era2026.VERSION
 
 
 @dataclass(frozen=True)
@@ -41,6 +61,14 @@ TABLE: tuple[Rule, ...] = (
     Rule(McpError, None, 200),
 )
 
+#: JSON-RPC errors (by code) an era carries in another status than the rule's: the 2026-07-28
+#: revision answers header, client-capability and version errors with 400 (SEP-2243/2575) and an
+#: unknown method with 404. The session-based era answers every ``McpError`` in a 200.
+STATUS_BY_CODE: dict[str, dict[int, int]] = {
+    ERA_2026: {HEADER_MISMATCH: 400, MISSING_CLIENT_CAPABILITY: 400, UNSUPPORTED_PROTOCOL_VERSION: 400,
+               METHOD_NOT_FOUND: 404},
+}
+
 #: Exceptions a handler may let escape for the transport to answer (all but McpError, which
 #: the dispatcher passes through anyway).
 PASSTHROUGH: tuple[type[Exception], ...] = tuple(
@@ -54,14 +82,24 @@ def rule_for(exc: BaseException) -> Rule | None:
     return next((r for r in TABLE if isinstance(exc, r.exc)), None)
 
 
-def answer(exc: BaseException) -> tuple[McpError, int, dict[str, str]]:
-    """The JSON-RPC error, HTTP status and headers for ``exc`` (-32603 / 500 when unknown)."""
+def answer(exc: BaseException, *, era: str = SESSION_ERA) -> tuple[McpError, int, dict[str, str]]:
+    """The JSON-RPC error, HTTP status and headers for ``exc`` in ``era`` (-32603 / 500 when unknown)."""
     rule = rule_for(exc)
     if rule is None:
         return McpError(INTERNAL_ERROR, "Internal error"), 500, {}
     headers = rule.headers(exc) if rule.headers is not None else {}
     if isinstance(exc, McpError) and rule.code is None:
-        return exc, rule.status, headers
+        return exc, STATUS_BY_CODE.get(era, {}).get(exc.code, rule.status), headers
     message = rule.message or getattr(exc, "message", None) or str(exc)
     data = None if rule.message else getattr(exc, "data", None)
     return McpError(rule.code if rule.code is not None else INTERNAL_ERROR, message, data), rule.status, headers
+
+
+def payload_too_large(limit: int) -> McpError:
+    """The refusal of a body over ``limit`` bytes (HTTP 413), wherever the limit is enforced."""
+    return McpError(INVALID_REQUEST, f"Payload Too Large: the limit is {limit} bytes")
+
+
+def payload_too_large_body(limit: int) -> bytes:
+    """:func:`payload_too_large` as the JSON body of a 413 (no request id: the body was not read)."""
+    return json.dumps(jsonrpc.error_response(None, payload_too_large(limit)), separators=(",", ":")).encode()

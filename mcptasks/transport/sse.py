@@ -1,6 +1,14 @@
-"""Server-Sent Events framing."""
+"""Server-Sent Events framing, and the response headers of every SSE response of the endpoint."""
 
 from __future__ import annotations
+
+#: The headers that open an SSE response (CORS headers are added by the caller): no caching or
+#: transformation by intermediaries, and no response buffering by nginx-style proxies.
+HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache, no-transform"),
+    (b"x-accel-buffering", b"no"),
+)
 
 
 def event(data: str, *, event_id: str | None = None, retry_ms: int | None = None) -> bytes:

@@ -347,7 +347,7 @@ async def test_a_missing_scope_is_refused_and_audited(settings: Any) -> None:
 async def test_concurrent_requests_share_one_verification_and_one_limits_read(monkeypatch: Any) -> None:
     """When a token's cached verdict (or a tenant's cached limits) lapses, the requests in flight
     share one database hop instead of each queuing its own on the shared database thread."""
-    from mcptasks.transport import consumer
+    from mcptasks.transport import admission, consumer
     from tenants import services as tenant_services
     from tenants.auth_cache import cache
     from tenants.selectors import clear_limits_cache
@@ -367,7 +367,8 @@ async def test_concurrent_requests_share_one_verification_and_one_limits_read(mo
         return wrapped
 
     monkeypatch.setattr(consumer, "authenticate", counting("authenticate", consumer.authenticate))
-    monkeypatch.setattr(consumer, "tenant_row", counting("tenant_row", consumer.tenant_row))
+    # The limits are read by the admission pipeline both eras run.
+    monkeypatch.setattr(admission, "tenant_row", counting("tenant_row", admission.tenant_row))
     cache.clear()
     clear_limits_cache()
     responses = await asyncio.gather(*(post(INIT, headers) for _ in range(8)))
