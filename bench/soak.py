@@ -47,7 +47,7 @@ class Stats:
         self.lock = threading.Lock()
         self.latency: dict[str, list[float]] = defaultdict(list)
         self.errors: dict[str, int] = defaultdict(int)
-        self.examples: dict[str, str] = {}
+        self.examples: dict[str, list[str]] = defaultdict(list)
 
     def time(self, op: str, fn: Callable[[], Any]) -> Any:
         t0 = time.perf_counter()
@@ -63,7 +63,8 @@ class Stats:
     def error(self, op: str, what: str) -> None:
         with self.lock:
             self.errors[op] += 1
-            self.examples.setdefault(op, what[:300])
+            if len(self.examples[op]) < 5:  # the first few, with when they happened
+                self.examples[op].append(what[:300])
 
 
 def rss_kb(pid: int) -> int:
@@ -71,6 +72,14 @@ def rss_kb(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0
+
+
+_STARTED = time.monotonic()
+
+
+def _minute() -> str:
+    """When an error happened (minutes into the run), for the error examples."""
+    return f"minute {(time.monotonic() - _STARTED) / 60:.1f}"
 
 
 def scenario(name: str, web: list[Proc], stats: Stats, stop: float, worker_no: int) -> None:
@@ -83,8 +92,10 @@ def scenario(name: str, web: list[Proc], stats: Stats, stop: float, worker_no: i
             task = stats.time("create", lambda: client.call_task("demo_sleep", {"ms": 200}))
             if task:
                 reply = stats.time("result", lambda t=task: client.request("tasks/result", {"taskId": t["taskId"]}))
-                if reply is not None and reply.message and "error" in reply.message:
-                    stats.error("result", str(reply.message))
+                # A stream that ends without the result (at its lifetime) is an error too: it
+                # used to count as a success with a latency of ~300 s.
+                if reply is not None and (not reply.message or "result" not in reply.message):
+                    stats.error("result", f"at {_minute()}: {reply.message}")
         elif name == "poll":
             task = stats.time("create", lambda: client.call_task("demo_sleep", {"ms": 300}))
             status = "working"
@@ -110,7 +121,7 @@ def scenario(name: str, web: list[Proc], stats: Stats, stop: float, worker_no: i
                 ))
                 if reply is not None and (not reply.message or "result" not in reply.message
                                           or reply.result["content"][0]["text"] != "soak"):
-                    stats.error("elicit", str(reply.message))
+                    stats.error("elicit", f"at {_minute()}: {reply.message}")
         elif name == "resume":
             task = stats.time("create", lambda: client.call_task("demo_progress", {"steps": 4, "interval_ms": 100}))
             if not task:
@@ -132,7 +143,7 @@ def scenario(name: str, web: list[Proc], stats: Stats, stop: float, worker_no: i
             reply = stats.time("resume", lambda tw=twin, ev=last: tw.resume(ev, method="tasks/result"))
             twin.close()
             if reply is not None and (not reply.message or "result" not in reply.message):
-                stats.error("resume", str(reply.message))
+                stats.error("resume", f"at {_minute()}: {reply.message}")
     client.close()
 
 
@@ -198,6 +209,8 @@ def main() -> None:
         threads = [threading.Thread(target=scenario, args=(n, web, stats, stop, i), daemon=True)
                    for i, n in enumerate(mix)]
         t0 = time.monotonic()
+        global _STARTED
+        _STARTED = t0
         for t in threads:
             t.start()
         curve: list[tuple[float, dict[str, int]]] = [(0.0, start_rss)]
@@ -232,8 +245,9 @@ def main() -> None:
             p99 = xs[min(len(xs) - 1, int(len(xs) * 0.99))]
             print(f"| {op} | {len(stats.latency.get(op, []))} | {stats.errors.get(op, 0)} | "
                   f"{statistics.median(xs) * 1000:.1f} | {p99 * 1000:.1f} | {xs[-1] * 1000:.1f} |")
-        for op, example in stats.examples.items():
-            print(f"first {op} error: {example}")
+        for op, examples in stats.examples.items():
+            for example in examples:
+                print(f"{op} error: {example}")
         print(f"\nmemory curve (MB, every {sample:.0f} s):")
         print("| minute | " + " | ".join(procs) + " |")
         print("|---" * (len(procs) + 1) + "|")

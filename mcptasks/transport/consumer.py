@@ -351,9 +351,15 @@ class McpConsumer(AsyncHttpConsumer):
             # stale read can never be sent after a newer one).
             self._listen_wake(None)
             return
-        await self._replay(await self._stored_events(self.stream_id, self.next_seq - 1))
+        await self._replay_stored()
         if self.mode == "task_result" and self.task is not None and not self.closed:
             await self._check_task()
+
+    async def _replay_stored(self) -> None:
+        """Write the stored events past our position that the channel layer has not brought us."""
+        if self.closed or self.stream_id is None or not self.streaming:
+            return
+        await self._replay(await self._stored_events(self.stream_id, self.next_seq - 1))
 
     async def http_request(self, message: dict[str, Any]) -> None:
         """Collect the body, then handle; stay alive if streaming.
@@ -893,7 +899,13 @@ class McpConsumer(AsyncHttpConsumer):
             self._listen_wake([task_id] if isinstance(task_id, str) else None)
             return
         if self.mode == "task_result" and not self.closed:
-            await self._check_task()
+            if message.get("event") == "recheck":
+                # The backstop re-reads the stream too, not only the task: an event stored for us
+                # whose push was lost (a send skipped while this process's breaker was open, or
+                # timed out) would otherwise wait for the stream's lifetime.
+                await self._catch_up()
+            else:
+                await self._check_task()
             if self.closed:
                 raise StopConsumer()
 
@@ -913,6 +925,7 @@ class McpConsumer(AsyncHttpConsumer):
                 # A newer tasks/result stream of this task receives its messages (never two).
                 return
             pending = await database_sync_to_async(selectors.pending_messages)(task=task)
+            delivered = False
             for m in pending:
                 if m.rpc_id in self.sent_rpc_ids:
                     continue
@@ -920,6 +933,9 @@ class McpConsumer(AsyncHttpConsumer):
                 await database_sync_to_async(services.deliver_task_message)(
                     task=task, message=m, stream_id=self.stream_id
                 )
+                delivered = True
+            if delivered:
+                await self._replay_stored()  # what we stored ourselves never waits for the layer
             return
         if self.result_published:
             return  # a signal and a re-check can both see the terminal state
@@ -936,6 +952,12 @@ class McpConsumer(AsyncHttpConsumer):
         await database_sync_to_async(bus.publish)(
             session_id=task.session_id, stream_id=self.stream_id, message=message
         )
+        # This connection serves the stream: write the result from the store now instead of
+        # waiting for its push to come back through the channel layer. A push that is lost (the
+        # send skipped while this process's breaker is open, or timed out under load) left the
+        # stream silent until its lifetime ended, since result_published stops later re-checks;
+        # the push, when it arrives, is a duplicate by sequence and dropped.
+        await self._replay_stored()
 
     async def _emit_direct(self, err: McpError) -> None:
         rid = self.result_request_id

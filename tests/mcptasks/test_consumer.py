@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -380,3 +380,129 @@ async def test_concurrent_requests_share_one_verification_and_one_limits_read(mo
     refused = await asyncio.gather(*(post(INIT, bad) for _ in range(4)))
     assert [r["status"] for r in refused] == [401] * 4
     assert calls["authenticate"] == 2
+
+
+async def _read_sse_until(comm: HttpCommunicator, done: Any, within_s: float) -> tuple[str, bool]:
+    """Read a streaming response's body until ``done(text)`` or its end; (text, whether it ended)."""
+    text = ""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while not done(text):
+        left = deadline - loop.time()
+        if left <= 0:
+            return text, False
+        try:
+            out = await comm.receive_output(left)
+        except TimeoutError:
+            return text, False
+        if out["type"] == "http.response.body":
+            text += out.get("body", b"").decode()
+            if not out.get("more_body", False):
+                return text, True
+    return text, False
+
+
+@pytest.fixture
+def lose_pushes(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
+    """A short re-check and lifetime, and a call after which every send through the layer is skipped.
+
+    Skipped as while this process's breaker is open (opened by another request's failed send):
+    a stream that starts meanwhile joins its groups (joins bypass the breaker) and is not
+    degraded (only the streams open when the send failed are told), but every push (the
+    worker's signals, stream events) is skipped. The breaker is kept from closing, since a send
+    already in flight when it opened closes it when it gets through.
+    """
+    from mcptasks import layers
+
+    settings.MCPTASKS = {**settings.MCPTASKS, "TASK_RESULT_RECHECK_S": 0.3, "SSE_KEEPALIVE_S": 0.5,
+                         "SSE_MAX_STREAM_S": 4.0}
+    return lambda: monkeypatch.setattr(layers.send_breaker, "allow", lambda: False)
+
+
+async def test_a_resumed_tasks_result_stream_gets_the_result_when_its_push_is_lost(
+    lose_pushes: Callable[[], None],
+) -> None:
+    """The soak's resume operation with the result's push lost: it arrives before the lifetime.
+
+    Before the fix the resumed stream published the result, never saw its push, and its periodic
+    re-check stopped at "result already published": the stream ended at its lifetime (4 s here,
+    300 s by default) without the result.
+    """
+    headers = await initialize()
+    stop = asyncio.Event()
+    worker = Worker(concurrency=2, run_cleanup=False)
+    runner = asyncio.ensure_future(worker.run(stop))
+    try:
+        created = await post({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                              "params": {"name": "demo_progress", "arguments": {"steps": 4, "interval_ms": 150},
+                                         "task": {}}}, headers)
+        task_id = json.loads(created["body"])["result"]["task"]["taskId"]
+        body = json.dumps({"jsonrpc": "2.0", "id": 3, "method": "tasks/result", "params": {"taskId": task_id}})
+        first = HttpCommunicator(router, "POST", "/mcp", body=body.encode(), headers=headers)
+        await first.send_input({"type": "http.request", "body": body.encode(), "more_body": False})
+        start = await first.receive_output(5)
+        assert start["status"] == 200
+        text, _ended = await _read_sse_until(first, lambda t: "notifications/tasks/status" in t, 10)
+        assert "notifications/tasks/status" in text and '"id":3' not in text, text
+        # Drop the connection after the first status notification, as the soak's client does.
+        last_id = [line[4:] for line in text.splitlines() if line.startswith("id: ")][-1]
+        await first.send_input({"type": "http.disconnect"})
+        lose_pushes()  # from here on, while the task runs to its end
+
+        get_headers = [(k, b"text/event-stream" if k == b"accept" else v) for k, v in headers if k != b"content-type"]
+        resumed = HttpCommunicator(router, "GET", "/mcp", headers=[*get_headers, (b"last-event-id", last_id.encode())])
+        await resumed.send_input({"type": "http.request", "body": b"", "more_body": False})
+        start = await resumed.receive_output(5)
+        assert start["status"] == 200
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        text, ended = await _read_sse_until(resumed, lambda t: '"id":3' in t, 10)
+        took = loop.time() - t0
+    finally:
+        stop.set()
+        await asyncio.wait_for(runner, 20)
+        await sync_to_async(lambda: connection.close())()
+    messages = [e.message for e in iter_sse(iter(text.split("\n"))) if not isinstance(e, str) and e.message]
+    results = [m for m in messages if m.get("id") == 3]
+    assert results, f"the resumed stream ended={ended} after {took:.1f} s without the result: {text!r}"
+    assert results[0]["result"]["content"][0]["text"] == "Completed 4 steps"
+    assert took < 3.5  # well before the stream's lifetime
+
+
+async def test_the_recheck_of_a_tasks_result_stream_sends_stored_events_whose_push_was_lost(
+    lose_pushes: Callable[[], None],
+) -> None:
+    """An event another process stored for a waiting tasks/result stream, its push lost, still arrives.
+
+    Before the fix the backstop re-check only re-read the task, never the stream's stored events:
+    a lost push (a worker's progress notification, an input request) waited for the lifetime.
+    """
+    from mcptasks import bus
+
+    headers = await initialize()
+    sid = dict(headers)[b"mcp-session-id"].decode()
+    created = await post({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                          "params": {"name": "demo_sleep", "arguments": {"ms": 5000}, "task": {}}}, headers)
+    task_id = json.loads(created["body"])["result"]["task"]["taskId"]
+    body = json.dumps({"jsonrpc": "2.0", "id": 3, "method": "tasks/result", "params": {"taskId": task_id}})
+    comm = HttpCommunicator(router, "POST", "/mcp", body=body.encode(), headers=headers)
+    try:
+        await comm.send_input({"type": "http.request", "body": body.encode(), "more_body": False})
+        start = await comm.receive_output(5)
+        assert start["status"] == 200
+        priming, _ = await _read_sse_until(comm, lambda t: "id: " in t and "\n\n" in t, 5)
+        event_id = [line[4:] for line in priming.splitlines() if line.startswith("id: ")][0]
+        parsed = bus.parse_event_id(event_id)
+        assert parsed is not None
+        stream_id = parsed[0]
+        lose_pushes()
+        # Stored by "another process", its push never sent (no worker runs: the task stays working).
+        note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "lost"}}
+        data = json.dumps(note, separators=(",", ":"))
+        await sync_to_async(bus._append)(session_id=sid, stream_id=stream_id, data=data)
+        text, ended = await _read_sse_until(comm, lambda t: '"data":"lost"' in t, 3)
+        assert '"data":"lost"' in text, f"not sent within 3 s (ended={ended}): {text!r}"
+        assert not ended  # still waiting for the result
+    finally:
+        await comm.send_input({"type": "http.disconnect"})
+        await sync_to_async(lambda: connection.close())()
