@@ -15,6 +15,8 @@ from tests.support.client import McpClient
 from tests.support.devserve import start_serve
 
 GRACE_S = 2.0
+#: How long the stubborn tool of the Ctrl-C test runs (a shutdown that waited for it takes this long).
+TOOL_S = 60.0
 #: The testing app's tools (test_stubborn: a sync tool that ignores cancellation).
 TESTING = {"MCPTASKS_EXTRA_APPS": "mcptasks.testing", "MCPTASKS_WORKER_SHUTDOWN_GRACE_S": str(GRACE_S)}
 
@@ -80,18 +82,20 @@ def test_ctrl_c_drains_and_hands_back_the_same_way(tmp_path: Path) -> None:
         serve.wait_ready()
         with McpClient(serve.url, token=serve.token) as c:
             c.initialize()
-            task_id = c.call_task("test_stubborn", {"key": "k", "ms": 60_000})["taskId"]
+            task_id = c.call_task("test_stubborn", {"key": "k", "ms": int(TOOL_S * 1000)})["taskId"]
         deadline = time.monotonic() + 20
         while _task_row(tmp_path, task_id)["worker_id"] is None:
             assert time.monotonic() < deadline, serve.output()
             time.sleep(0.1)
         started = time.monotonic()
-        serve.stop(signal.SIGINT, timeout=GRACE_S + 15)
+        serve.stop(signal.SIGINT, timeout=TOOL_S - 15)
         took = time.monotonic() - started
     finally:
         serve.stop(timeout=5)
     out = serve.output()
-    assert took < GRACE_S + 10, (took, out)
+    # Not waiting for the tool means well under its 60 s. The margin is wide: on a loaded 2-core
+    # CI machine daphne's own shutdown took 17 s once (the process exited; it did not wait).
+    assert took < TOOL_S - 20, (took, out)
     assert "handed back 1 task" in out, out
     row = _task_row(tmp_path, task_id)
     assert row["worker_id"] is None and row["lease_expires_at"] is None, row
