@@ -159,6 +159,8 @@ class WorkerBackend:
         self.attempt = task.attempt
         self.cancel_flag = False
         self.handed_back = False
+        #: The tool has returned and its outcome is queued or being written: nothing left to stop.
+        self.finishing = False
         self.answered = asyncio.Event()
         #: Requests of this run waiting for the client (a run that waits does not count as busy).
         self.awaiting_client = 0
@@ -596,6 +598,11 @@ class Worker:
                 event = msg.get("event")
                 if event == "answer":
                     backend.answered.set()
+                elif backend.finishing:
+                    # The tool has returned; the run's own terminal "changed" signal (or a cancel
+                    # racing the outcome) has nothing left to stop. Checking cost a database read
+                    # per finished task and logged every completed task as "cancelled or superseded".
+                    continue
                 elif event == "cancel" or (event == "changed" and msg.get("status") not in LIVE):
                     # Our own progress/status updates also signal "changed": only a terminal
                     # status is worth a database read.
@@ -767,6 +774,7 @@ class Worker:
         with observability.task_run(task, worker_id=self.worker_id):
             outcome = await self._run(task, backend)
             if outcome is not None:
+                backend.finishing = True
                 try:
                     # The latest progress held back by the rate limit goes out before the outcome.
                     await backend.flush_progress()

@@ -335,3 +335,51 @@ def test_the_webhook_sender_is_woken_only_by_batches_that_wrote_deliveries(
 
     asyncio.run(go())
     assert worker._webhooks.wake.is_set() is (deliveries > 0)
+
+
+class _ScriptedLayer:
+    """A channel layer whose receive hands out scripted messages, then waits forever."""
+
+    def __init__(self, messages: list[dict[str, Any]]) -> None:
+        self.messages = messages
+        self.drained = asyncio.Event()
+
+    async def receive(self, channel: str) -> dict[str, Any]:
+        if self.messages:
+            return self.messages.pop(0)
+        self.drained.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_a_runs_own_terminal_signal_costs_no_read_once_its_tool_returned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker hears its own "changed: completed" while the outcome is being written: it used
+    to read the database for every finished task and log it as "cancelled or superseded"."""
+    from mcptasks.worker import WorkerBackend
+
+    w = worker()
+    w.channel = "me"
+    checks: list[str] = []
+
+    async def spy_check_cancel(task_id: str) -> None:
+        checks.append(task_id)
+
+    monkeypatch.setattr(w, "_check_cancel", spy_check_cancel)
+    finished = Task(task_id="t-finished", tool_name="u_once", attempt=1)
+    running = Task(task_id="t-running", tool_name="u_once", attempt=1)
+    for t, finishing in ((finished, True), (running, False)):
+        backend = WorkerBackend(w, t)
+        backend.finishing = finishing
+        w.running[t.task_id] = (asyncio.get_running_loop().create_future(), backend, 1)
+    layer = _ScriptedLayer([
+        {"type": "task.signal", "task_id": "t-finished", "event": "changed", "status": "completed"},
+        {"type": "task.signal", "task_id": "t-running", "event": "changed", "status": "cancelled"},
+    ])
+    loop_task = asyncio.ensure_future(w._receive_loop(layer))
+    try:
+        await asyncio.wait_for(layer.drained.wait(), timeout=5)
+        await asyncio.sleep(0)
+    finally:
+        loop_task.cancel()
+    # The finished run is left alone; a run still working is checked (a cancel must stop it).
+    assert checks == ["t-running"]
