@@ -439,7 +439,9 @@ class Worker:
                     free = self._free_slots()
                     if self.max_tasks is not None:
                         free = min(free, self.max_tasks - self.started)
-                    claimed = await _db(self._claim)(free) if free > 0 else []
+                    claimed = await _db(self._claim)(
+                        free, running=list(self.running), tenant_running=self._busy_by_tenant()
+                    ) if free > 0 else []
                     for task in claimed:
                         self._start(task)
                     if self._finished_its_work(claimed):
@@ -675,14 +677,22 @@ class Worker:
 
     # --- claiming ------------------------------------------------------------------------------
 
-    def _claim(self, limit: int) -> list[Task]:
-        """Take up to ``limit`` runnable tasks in one short transaction (see ``TaskQuerySet.claim``)."""
+    def _claim(self, limit: int, *, running: list[str] | None = None,
+               tenant_running: dict[int, int] | None = None) -> list[Task]:
+        """Take up to ``limit`` runnable tasks in one short transaction (see ``TaskQuerySet.claim``).
+
+        From the event loop, pass ``running`` and ``tenant_running`` taken there: this runs in the
+        database thread, and reading ``self.running`` here while the loop starts and ends runs
+        raised "dictionary changed size during iteration" (a skipped claim round, seen in the soak).
+        """
         now = timezone.now()
         return Task.objects.claim(
             worker_id=self.worker_id, limit=limit, now=now,
-            lease_until=now + dt.timedelta(seconds=conf.get().WORKER_LEASE_S), exclude=list(self.running),
+            lease_until=now + dt.timedelta(seconds=conf.get().WORKER_LEASE_S),
+            exclude=list(self.running) if running is None else running,
             limited={t.name: t.max_concurrency for t in self.registry.tools.values() if t.max_concurrency},
-            tenant_running=self._busy_by_tenant(), tenant_cap=self._tenant_cap(),
+            tenant_running=self._busy_by_tenant() if tenant_running is None else tenant_running,
+            tenant_cap=self._tenant_cap(),
         )
 
     def _busy_by_tenant(self) -> dict[int, int]:

@@ -383,3 +383,22 @@ async def test_a_runs_own_terminal_signal_costs_no_read_once_its_tool_returned(m
         loop_task.cancel()
     # The finished run is left alone; a run still working is checked (a cancel must stop it).
     assert checks == ["t-running"]
+
+
+def test_a_claim_in_the_database_thread_reads_no_live_run_table() -> None:
+    """The claim runs in the database thread while the event loop starts and ends runs: it takes
+    a snapshot made on the loop, never ``self.running`` itself ("dictionary changed size during
+    iteration" skipped a claim round in the soak)."""
+
+    class Mutating(dict[str, Any]):
+        def __iter__(self) -> Any:
+            raise RuntimeError("dictionary changed size during iteration")
+
+        def values(self) -> Any:
+            raise RuntimeError("dictionary changed size during iteration")
+
+    t = task_row("u_retry", max_attempts=3)
+    w = worker()
+    w.running = Mutating()
+    claimed = w._claim(10, running=[], tenant_running={})
+    assert [c.task_id for c in claimed] == [t.task_id]
