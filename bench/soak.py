@@ -192,7 +192,10 @@ def main() -> None:
     try:
         # Production settings: with DEBUG on, Django keeps the last 9,000 queries of every
         # connection (nothing resets them on the MCP endpoint), which reads as a leak.
-        settings = {"MCPTASKS_ALLOW_ANONYMOUS": "1", "MCPTASKS_DEMO_TOOLS": "1", "DEBUG": "0"}
+        # The production lease and heartbeat too: the test stack's 3 s lease lapsed once in an
+        # hour at load average 26 (the task failed "worker lost during execution", correctly).
+        settings = {"MCPTASKS_ALLOW_ANONYMOUS": "1", "MCPTASKS_DEMO_TOOLS": "1", "DEBUG": "0",
+                    "MCPTASKS_WORKER_LEASE_S": "30", "MCPTASKS_WORKER_HEARTBEAT_S": "5"}
         snaps = Path(tempfile.mkdtemp(prefix="soak-snaps-"))
         web_env = dict(settings)
         if traced:

@@ -122,7 +122,9 @@ class AppSettings:
         shown="`0` (`1` under `serve`)",
     )
     TASK_RESULT_RECHECK_S: float = setting(
-        5.0, "A blocked `tasks/result` wakes on a channel-layer signal. This is the backstop re-check interval."
+        5.0,
+        "A blocked `tasks/result` wakes on a channel-layer signal. This is the backstop re-check interval: the "
+        "stream re-reads the task and sends its stored events whose push was lost.",
     )
     REQUEST_RETENTION_S: int = setting(
         600, "Plain requests untouched this long are deleted by cleanup once finished (or when their session is gone)."

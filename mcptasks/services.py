@@ -587,18 +587,22 @@ def answer_task_message(*, auth: AuthContext, rpc_id: str, response: dict[str, A
 
 
 def bind_result_stream(
-    *, auth: AuthContext, task: Task, stream_id: str | None, only_if: str | None = None
+    *, auth: AuthContext, task: Task, stream_id: str | None, only_if: str | None = None,
+    only_if_unbound: bool = False,
 ) -> bool:
     """Attach (or detach, with None) the tasks/result stream that receives the task's messages.
 
     Only the task's own principal ever receives its input requests: a tenant-wide reader
     (``mcp:tasks:tenant``) may wait for the status and the result, but its stream is never
-    bound, so it can neither see nor take over the owner's elicitations. Returns whether the
+    bound, so it can neither see nor take over the owner's elicitations. ``only_if``: only
+    while that stream is bound; ``only_if_unbound``: only while none is. Returns whether the
     binding changed.
     """
     qs = Task.objects.filter(pk=task.pk, tenant_id=auth.tenant_id, principal_id=auth.principal_id)
     if only_if is not None:
         qs = qs.filter(stream_id=only_if)
+    if only_if_unbound:
+        qs = qs.filter(stream_id__isnull=True)
     return bool(qs.update(stream_id=stream_id))
 
 

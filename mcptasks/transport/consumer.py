@@ -921,6 +921,13 @@ class McpConsumer(AsyncHttpConsumer):
             await self._emit_direct(McpError(INVALID_PARAMS, TASK_EXPIRED))
             return
         if not task.is_terminal:
+            # Unbound while we still wait: a resumed stream shares its id with the dropped
+            # connection, whose late end unbinds "our" id. Bind again (never over a newer
+            # stream: only while none is bound); a tenant-wide reader's stream never binds.
+            if task.stream_id is None and self.auth is not None and await database_sync_to_async(
+                services.bind_result_stream
+            )(auth=self.auth, task=task, stream_id=self.stream_id, only_if_unbound=True):
+                task.stream_id = self.stream_id
             if task.stream_id != self.stream_id:
                 # A newer tasks/result stream of this task receives its messages (never two).
                 return
