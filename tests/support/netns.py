@@ -37,12 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from tests.support.lost_host import HOST_ENV, Host
 from tests.support.pgbouncer_proc import PrivatePgBouncer
 from tests.support.sentinel_proc import PrivateSentinel
-from tests.support.servers import WEB_SERVERS, Proc, Stack, free_port
+from tests.support.servers import WEB_SERVERS, Proc, Stack, free_port, wait_healthy
 
 PREFIX = "mtn"
 STATE_DIR = Path("/run/mcptasks-netns")
@@ -413,17 +411,7 @@ def _spawn_web(stack: Stack, wrap: list[str], addr: str, env: dict[str, str], na
     proc = stack._spawn([*wrap, sys.executable, *args], f"granian-{name}", env)  # noqa: SLF001
     proc.base = f"http://{addr}:{port}"
     proc.url = f"{proc.base}/mcp"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if not proc.alive:
-            raise RuntimeError(f"granian of {name} exited:\n{proc.log_text()}")
-        try:
-            if httpx.get(f"{proc.base}/healthz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"granian of {name} did not start:\n{proc.log_text()}")
+    return wait_healthy(proc, f"granian of {name}", within_s=60)
 
 
 def _spawn_worker(stack: Stack, wrap: list[str], env: dict[str, str], concurrency: int, name: str) -> Proc:

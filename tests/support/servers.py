@@ -108,6 +108,21 @@ class Proc:
         return self.popen.returncode
 
 
+def wait_healthy(proc: Proc, name: str, *, within_s: float) -> Proc:
+    """Wait for ``proc``'s ``/healthz`` to answer 200; raise with its log if it exits or never does."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not proc.alive:
+            raise RuntimeError(f"{name} exited:\n{proc.log_text()}")
+        try:
+            if httpx.get(f"{proc.base}/healthz", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{name} did not start:\n{proc.log_text()}")
+
+
 @dataclass
 class Stack:
     """One database (+ channel prefix) that any number of processes share."""
@@ -154,17 +169,7 @@ class Stack:
         proc = self._spawn([sys.executable, *WEB_SERVERS[server](port)], f"{server}-{port}", env)
         proc.base = f"http://127.0.0.1:{port}"
         proc.url = f"{proc.base}/mcp"
-        deadline = time.monotonic() + 40
-        while time.monotonic() < deadline:
-            if not proc.alive:
-                raise RuntimeError(f"{server} exited:\n{proc.log_text()}")
-            try:
-                if httpx.get(f"{proc.base}/healthz", timeout=1).status_code == 200:
-                    return proc
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"{server} did not start:\n{proc.log_text()}")
+        return wait_healthy(proc, server, within_s=40)
 
     def worker(self, *, concurrency: int = 4, extra_env: dict[str, str] | None = None) -> Proc:
         """Start an ``mcptasks_worker`` process and wait for it to run."""
