@@ -62,7 +62,8 @@ class Command(BaseCommand):
         application.announce = self._announce
         server.run()
         worker = application.worker
-        if worker is not None and worker.abandoned_threads:
+        tool_threads = getattr(getattr(worker, "tool_executor", None), "_threads", ()) if worker else ()
+        if worker is not None and (worker.abandoned_threads or any(t.is_alive() for t in list(tool_threads))):
             # A handed-back sync tool still runs in a thread nothing can interrupt, and its task
             # already belongs to the next worker: exit now (like mcptasks_worker) instead of
             # waiting for the tool, which would keep this process alive past its grace period.
