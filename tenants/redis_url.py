@@ -287,9 +287,9 @@ class AsyncBlockingSentinelPool(asentinel.SentinelConnectionPool, aioredis.Block
     redis-py re-resolves the primary only when a connection (re)connects. A connection blocked in a
     read (the channel layer's BZPOPMIN) stays on the demoted primary until that server closes it:
     the process's receives, hence every live stream and ``/readyz``, stalled for 10 s and more
-    after a failover. At most every :attr:`watch_s` while the pool is used, a background check
-    asks the Sentinels; when the primary moved it disconnects every connection of the pool, so the
-    blocked reads fail at once and their callers reconnect to the new primary.
+    after a failover. Every :attr:`watch_s` while any connection is in use, a background check
+    asks the Sentinels (:meth:`get_master_address`); when the primary moved, every connection of
+    the pool is disconnected, so blocked reads fail at once and reconnect to the new primary.
     """
 
     #: Longest time between two checks of the primary's address while the pool is in use.
