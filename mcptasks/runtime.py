@@ -41,6 +41,16 @@ def bound_default_executor(loop: asyncio.AbstractEventLoop) -> None:
     )
 
 
+#: Seconds after the drain and stream close that a process still shutting down is ended.
+SHUTDOWN_FORCE_AFTER_S = 15.0
+
+
+def _force_exit() -> None:
+    """End a shutdown that is stuck past :data:`SHUTDOWN_FORCE_AFTER_S` (leases were handed back)."""
+    os.write(2, b"shutdown: still running after the drain (a sync tool in a thread?); exiting now\n")
+    os._exit(0)
+
+
 class EmbeddedRuntime:
     """ASGI wrapper that starts background loops in the server's event loop on first use."""
 
@@ -142,6 +152,12 @@ class EmbeddedRuntime:
             await asyncio.sleep(0.1)  # let the transport flush the final chunks
         except Exception:
             logger.warning("closing streams at shutdown failed", exc_info=True)
+        # A shutdown that outlives this bound is forced: a sync tool still running in a thread
+        # nothing can interrupt (its task already handed back) kept `serve` alive until the tool
+        # ended, a minute in CI, because the interpreter waits for non-daemon threads at exit.
+        watchdog = threading.Timer(SHUTDOWN_FORCE_AFTER_S, _force_exit)
+        watchdog.daemon = True
+        watchdog.start()
         # Hand over to the server's own handling of SIGTERM.
         if callable(previous):
             previous(signum, frame)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -153,3 +156,19 @@ def test_serve_keeps_refusing_a_missing_mcp_name_when_told_to(tmp_path: Path) ->
         assert not any("accepted without Mcp-Name" in line for line in serve.lines)
     finally:
         serve.stop()
+
+
+def test_a_shutdown_stuck_behind_a_tool_thread_is_forced() -> None:
+    """A process whose only work left is a sync tool thread (already handed back) does not wait
+    for it: the shutdown watchdog ends it (CI: `serve` waited a minute for such a thread)."""
+    code = (
+        "import django, threading, time; django.setup(); from mcptasks import runtime; "
+        "threading.Thread(target=time.sleep, args=(60,)).start(); "
+        "w = threading.Timer(0.5, runtime._force_exit); w.daemon = True; w.start()"
+    )
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50,
+                          env={**os.environ, "DJANGO_SETTINGS_MODULE": "mcptasks.settings"})
+    assert time.monotonic() - started < 30, done.stderr
+    assert done.returncode == 0, done.stderr
+    assert "exiting now" in done.stderr
