@@ -4,12 +4,12 @@ On a machine shared with other work, end-to-end figures (``bench/e2e_load.py``) 
 rounds. This script measures, in one process on a scratch PostgreSQL database with the Redis
 channel layer:
 
-- **finish fan-out**: ``services.finish_runs`` on batches of ``--batch`` tasks (each with its own
-  session, as 60 pollers have), with the batched fan-out (``_after_changes``) and, interleaved in
-  the same run, with the per-task one (``_after_change`` per task, the code before issue 27):
+- **finish fan-out**: ``transitions.finish_runs`` on batches of ``--batch`` tasks (each with its own
+  session, as 60 pollers have), with the batched fan-out (``fanout.after_changes``) and, interleaved in
+  the same run, with the per-task one (``fanout.after_change`` per task, the code before issue 27):
   statements, channel-layer sends, wall time, this process's CPU and the PostgreSQL backend's
   CPU per task;
-- **creation**: ``services.create_task`` for a tenant without limits and one with limits:
+- **creation**: ``creation.create_task`` for a tenant without limits and one with limits:
   statements, wall time and CPU (process + backend) per creation. Run the script in an older
   checkout (``cd OLD && python /path/to/fanout_cost.py``) for its figures.
 
@@ -103,8 +103,9 @@ def run(args: argparse.Namespace) -> None:
     # The production settings: DEBUG off, but count statements anyway.
     from django.db import connection
 
-    from mcptasks import bus, services
     from mcptasks.models import Outcome, Task
+    from mcptasks.streams import signals
+    from mcptasks.tasks import creation, fanout, transitions
     from tests.support.factories import demo_tool, make_auth, make_session, make_tenant
 
     connection.force_debug_cursor = True
@@ -112,13 +113,13 @@ def run(args: argparse.Namespace) -> None:
         cursor.execute("SELECT pg_backend_pid()")
         backend_pid = int(cursor.fetchone()[0])
     sends = [0]
-    real_send = bus.group_send
+    real_send = signals.group_send
 
     async def counting_send(group: str, message: dict[str, Any]) -> bool:
         sends[0] += 1
         return await real_send(group, message)
 
-    bus.group_send = counting_send  # type: ignore[assignment]
+    signals.group_send = counting_send  # type: ignore[assignment]
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     print(f"fanout_cost: batches of {args.batch}, {args.rounds} rounds each way (interleaved); load {load}")
 
@@ -126,8 +127,8 @@ def run(args: argparse.Namespace) -> None:
     seq = iter(range(10**9))
 
     def create(auth: Any, session: Any) -> Task:
-        return services.create_task(auth=auth, session=session, tool=tool, arguments={"ms": 1},
-                                    request_id=next(seq), progress_token=None, requested_ttl_ms=None)
+        return creation.create_task(auth=auth, session=session, tool=tool, arguments={"ms": 1},
+                                   request_id=next(seq), progress_token=None, requested_ttl_ms=None)
 
     # --- creation -------------------------------------------------------------------------
     for label, limits in (("no limits", {}), ("limits 10^4", {"max_concurrent_tasks": 10**4,
@@ -149,29 +150,29 @@ def run(args: argparse.Namespace) -> None:
     # --- finish fan-out -------------------------------------------------------------------
     auth = make_auth(make_tenant())
     sessions = [make_session(auth) for _ in range(args.batch)]
-    batched = getattr(services, "_after_changes", None)
+    batched = getattr(fanout, "after_changes", None)
 
     def per_task(tasks: list[Task]) -> None:
         for t in tasks:
-            services._after_change(t)
+            fanout.after_change(t)
 
     modes = {"per task": per_task}
     if batched is not None:
         modes["batched"] = batched
     results: dict[str, list[Meter]] = {m: [] for m in modes}
     for i in range(args.rounds + 2):
-        for mode, fanout in modes.items():
+        for mode, spread in modes.items():
             tasks = [create(auth, s) for s in sessions]
             Task.objects.filter(pk__in=[t.pk for t in tasks]).update(attempt=1)
             runs = [(t, Outcome(pk=t.pk, attempt=1, status="completed", result={"content": []})) for t in tasks]
             if batched is not None:
-                services._after_changes = fanout  # type: ignore[attr-defined]
+                fanout.after_changes = spread  # type: ignore[attr-defined]
             with Meter(backend_pid, sends) as m:
-                assert services.finish_runs(runs=runs) == [True] * len(runs)
+                assert transitions.finish_runs(runs=runs) == [True] * len(runs)
             if i >= 2:  # two warm-up rounds
                 results[mode].append(m)
     if batched is not None:
-        services._after_changes = batched  # type: ignore[attr-defined]
+        fanout.after_changes = batched  # type: ignore[attr-defined]
     n = args.batch
     for mode, rows in results.items():
         print(f"  finish_runs of {n}, fan-out {mode}: {rows[0].queries} statements, {rows[0].nsends} layer sends; "

@@ -16,9 +16,9 @@ class McpTasksConfig(AppConfig):
     def ready(self) -> None:
         from django.utils.module_loading import autodiscover_modules
 
+        from mcptasks import checks  # noqa: F401  (registers system checks)
+        from mcptasks.console import admin  # noqa: F401  (the admin lives with the console)
         from tenants.signals import security_event
-
-        from . import checks  # noqa: F401  (registers system checks)
 
         security_event.connect(_audit_security_event, dispatch_uid="mcptasks.audit_security_event")
         post_migrate.connect(_operator_groups, sender=self, dispatch_uid="mcptasks.operator_groups")
@@ -27,7 +27,7 @@ class McpTasksConfig(AppConfig):
         post_save.connect(_audit_other_admin_change, sender=LogEntry, dispatch_uid="mcptasks.audit_log_entry")
         from django.db.backends.signals import connection_created
 
-        from .metrics import track_db_connection
+        from mcptasks.observability.metrics import track_db_connection
 
         connection_created.connect(track_db_connection, dispatch_uid="mcptasks.track_db_connection")
 
@@ -36,7 +36,7 @@ class McpTasksConfig(AppConfig):
 
         # Traces, when OTEL_TRACES_EXPORTER asks for them: before any connection or middleware
         # exists, in every process role (web, worker, serve).
-        from .observability import setup_tracing
+        from mcptasks.observability import setup_tracing
 
         setup_tracing(_process_role())
 
@@ -51,9 +51,9 @@ def _process_role() -> str:
 
 def _audit_security_event(*, action: str, tenant_id: int | None, data: dict[str, Any], **_: Any) -> None:
     """Record a security event of the tenants app (refused scopes, non-members, throttling)."""
-    from .services import record_audit_ids
+    from mcptasks.audit import trail
 
-    record_audit_ids(tenant_id=tenant_id, principal_id=None, action=action, data=data)
+    trail.append(tenant_id=tenant_id, principal_id=None, action=action, data=data)
 
 
 #: This app's permissions for the operator groups of tenants/roles.py.
@@ -78,12 +78,12 @@ def _audit_other_admin_change(*, instance: Any, created: bool, **_: Any) -> None
     The two apps' own admins audit their changes in detail (before/after, per tenant); for the
     rest Django's admin log entry says who changed what (chain 0: no tenant).
     """
-    from .services import record_audit_ids
+    from mcptasks.audit import trail
 
     if not created or instance.content_type is None or instance.content_type.app_label in ("tenants", "mcptasks"):
         return
     action = {1: "admin.add", 2: "admin.change", 3: "admin.delete"}.get(instance.action_flag, "admin.change")
-    record_audit_ids(tenant_id=None, principal_id=None, action=action, data={
+    trail.append(tenant_id=None, principal_id=None, action=action, data={
         "operator": instance.user.get_username()[:150], "operator_id": instance.user_id,
         "model": f"{instance.content_type.app_label}.{instance.content_type.model}",
         "object_id": str(instance.object_id or "")[:64], "object": instance.object_repr[:200],

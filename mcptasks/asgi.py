@@ -19,10 +19,10 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
 from mcptasks import hardening, observability  # noqa: E402
-from mcptasks.runtime import EmbeddedRuntime  # noqa: E402
-from mcptasks.transport.consumer import McpConsumer  # noqa: E402
+from mcptasks.endpoint.consumer import McpConsumer  # noqa: E402
+from mcptasks.processes.embedded import EmbeddedRuntime  # noqa: E402
 from tenants import conf as tenant_conf  # noqa: E402
-from tenants import redis_url  # noqa: E402
+from tenants.infra import redis_url  # noqa: E402
 
 hardening.require_production_secret_key("web process")
 redis_url.require_supported(str(getattr(settings, "REDIS_URL", "") or ""), "web process")

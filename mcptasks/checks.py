@@ -7,10 +7,9 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 
+from mcptasks import conf
+from mcptasks.hardening import DEV_SECRET_PREFIX
 from tenants import conf as tenant_conf
-
-from . import conf
-from .hardening import DEV_SECRET_PREFIX
 
 #: Upper bounds of the per-process pools (connection budgets, docs/operations.md).
 MAX_REDIS_POOL = 500
@@ -37,7 +36,7 @@ def check_secret_key(app_configs: Any, **kwargs: Any) -> list[Any]:
 
 @register(Tags.security, deploy=True)
 def check_audit_key(app_configs: Any, **kwargs: Any) -> list[Any]:
-    """The audit chains need a key of their own in production (see mcptasks/audit.py)."""
+    """The audit chains need a key of their own in production (see mcptasks/audit/trail.py)."""
     if not settings.DEBUG and not str(getattr(settings, "AUDIT_KEY", "") or ""):
         return [
             Warning(

@@ -1,7 +1,7 @@
 """The mcptasks settings: one typed definition each, with its default and meaning.
 
 ``settings.py`` fills ``settings.MCPTASKS`` from the environment (``MCPTASKS_<NAME>``, see
-:mod:`tenants.typed_settings`); :func:`get` returns the cached, typed view;
+:mod:`tenants.infra.typed_settings`); :func:`get` returns the cached, typed view;
 ``docs/settings.md`` is generated from these fields (``manage.py mcptasks_settings_doc``), and a
 system check warns about keys that name no setting. The endpoint's path and public URL, and
 anonymous access, are the tenants app's settings (``tenants.conf``): they define the OAuth
@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from tenants.typed_settings import Loader, setting
+from tenants.infra.typed_settings import Loader, setting
 
 
 @dataclass(frozen=True)
@@ -71,13 +71,13 @@ class AppSettings:
     ASYNC_READS: bool = setting(
         True,
         "PostgreSQL: read the request's session and task over an async connection per event loop instead of "
-        "through the ORM's thread hop (`mcptasks/fastreads.py`). Off: every read uses the ORM.",
+        "through the ORM's thread hop (`mcptasks/db/async_sql.py`). Off: every read uses the ORM.",
     )
     WRITE_THREADS: int = setting(
         4,
         "PostgreSQL: request-path writes (creating a task-augmented task or a session, cancelling) run on this "
         "many threads per web process, each with its own connection, instead of queuing on the one thread every "
-        "ORM call from async code shares (`mcptasks/dbwrites.py`). 0: they share that thread.",
+        "ORM call from async code shares (`mcptasks/db/write_pool.py`). 0: they share that thread.",
     )
     WRITE_QUEUE_TIMEOUT_S: float = setting(
         10.0,
@@ -253,7 +253,7 @@ unknown_keys = _loader.unknown_keys
 class DeploymentSettings:
     """The process and deployment variables ``settings.py`` turns into Django settings.
 
-    Read once at startup by :func:`tenants.typed_settings.read_env` like the app settings; some
+    Read once at startup by :func:`tenants.infra.typed_settings.read_env` like the app settings; some
     keep the names the ecosystem uses (``DATABASE_URL``, ``SECRET_KEY``...).
     """
 

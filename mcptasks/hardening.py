@@ -65,8 +65,8 @@ def install_access_log_redaction() -> None:
 
 def _payload_too_large(limit: int) -> bytes:
     # Imported when first needed: Django's logging set-up loads this module (for its filter)
-    # before settings are complete, and the transport's table needs nothing of that.
-    from .transport.errors import payload_too_large_body
+    # before settings are complete; the protocol layer needs nothing of that.
+    from mcptasks.protocol.jsonrpc import payload_too_large_body
 
     body = payload_too_large_body(limit)
     return (
@@ -90,7 +90,7 @@ def install_body_limit() -> None:
         return
     if getattr(WebRequest, "_mcptasks_body_limit", False):
         return
-    from . import conf
+    from mcptasks import conf
 
     original_got_length = WebRequest.gotLength
     original_chunk = WebRequest.handleContentChunk

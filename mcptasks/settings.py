@@ -16,12 +16,12 @@ from urllib.parse import urlsplit
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
-from mcptasks import observability
 from mcptasks.conf import AppSettings, DeploymentSettings, deployment
-from mcptasks.dbconfig import pg_connection_options
+from mcptasks.db.config import pg_connection_options
+from mcptasks.observability import logs as observability_logs
 from tenants.conf import TenantSettings
+from tenants.infra.typed_settings import read_env
 from tenants.kv import keepalive_options
-from tenants.typed_settings import read_env
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -39,7 +39,7 @@ DEBUG = _deploy.DEBUG
 SECRET_KEY = _deploy.SECRET_KEY
 # Encrypts secrets at rest (external issuers' shared secrets); see tenants/crypto.py.
 SECRETS_KEY = _deploy.SECRETS_KEY
-# Keys the audit chains' HMACs; see mcptasks/audit.py.
+# Keys the audit chains' HMACs; see mcptasks/audit/trail.py.
 AUDIT_KEY = _deploy.AUDIT_KEY
 ALLOWED_HOSTS: list[str] = list(_deploy.ALLOWED_HOSTS)
 
@@ -131,7 +131,7 @@ elif _db["ENGINE"].startswith("django.db.backends.postgresql"):
         # and the timeouts are set per transaction by the backend (startup options would be
         # refused by PgBouncer, and a plain SET would leak to other clients).
         _db["DISABLE_SERVER_SIDE_CURSORS"] = True
-        _db["ENGINE"] = "mcptasks.pooled_postgresql"
+        _db["ENGINE"] = "mcptasks.db.pooled_postgresql"
 
 REDIS_URL = _deploy.REDIS_URL
 CHANNEL_PREFIX = _deploy.CHANNEL_PREFIX
@@ -143,8 +143,8 @@ _LAYER = AppSettings(**MCPTASKS)
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            # channels-redis with a bounded, blocking pool (see mcptasks/layers.py).
-            "BACKEND": "mcptasks.layers.RedisChannelLayer",
+            # channels-redis with a bounded, blocking pool (see mcptasks/streams/layers.py).
+            "BACKEND": "mcptasks.streams.layers.RedisChannelLayer",
             "CONFIG": {
                 "hosts": [
                     {
@@ -200,8 +200,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 if _deploy.LOG_FORMAT not in ("plain", "json"):
     raise ImproperlyConfigured(f"MCPTASKS_LOG_FORMAT must be plain or json, not {_deploy.LOG_FORMAT[:40]!r}")
-# JSON lines carry the request/task context the pipeline binds (mcptasks/observability.py).
-observability.JSON_LOGS = _deploy.LOG_FORMAT == "json"
+# JSON lines carry the request/task context the pipeline binds (mcptasks/observability/logs.py).
+observability_logs.JSON_LOGS = _deploy.LOG_FORMAT == "json"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -251,7 +251,7 @@ OAUTH2_PROVIDER = {
         "mcp:tools": "Call MCP tools",
         "mcp:tasks": "Create and read MCP tasks",
         "mcp:tasks:tenant": "See every task of the tenant",
-        # The audit-review API, for an auditor's or tenant admin's application (mcptasks/api_auth.py).
+        # The audit-review API, for an auditor's or tenant admin's application (mcptasks/console/api_auth.py).
         "audit:read": "Read the tenant's audit events and tasks (audit-review API)",
     },
     "DEFAULT_SCOPES": ["mcp:tools", "mcp:tasks"],
@@ -275,20 +275,20 @@ OAUTH2_PROVIDER = {
 }
 LOGIN_URL = "/accounts/login/"
 
-# The audit-review API (mcptasks/api.py): operators' credentials, read-only, OpenAPI described.
+# The audit-review API (mcptasks/console/api*.py): operators' credentials, read-only, OpenAPI described.
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # OAuth bearer tokens with the audit:read scope from the built-in authorization server;
         # first, so that a missing or bad credential is a 401 with a Bearer challenge.
-        "mcptasks.api_auth.AuditTokenAuthentication",
+        "mcptasks.console.api_auth.AuditTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
-        # HTTP Basic, with the sign-in pages' failed-password budgets (mcptasks/api_auth.py).
-        "mcptasks.api_auth.ThrottledBasicAuthentication",
+        # HTTP Basic, with the sign-in pages' failed-password budgets (mcptasks/console/api_auth.py).
+        "mcptasks.console.api_auth.ThrottledBasicAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     # Counted in Redis across processes (Django's cache here is per process).
-    "DEFAULT_THROTTLE_CLASSES": ["mcptasks.api_auth.SharedUserRateThrottle"],
+    "DEFAULT_THROTTLE_CLASSES": ["mcptasks.console.api_auth.SharedUserRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {"user": "600/min"},
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }

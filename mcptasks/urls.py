@@ -4,9 +4,8 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from mcptasks.console import api, views
 from tenants.oauth import ThrottledLoginView, throttled_admin_login
-
-from . import api, views
 
 # The admin's sign-in shares the failed-password budgets of every other sign-in.
 admin.site.login = throttled_admin_login(admin.site.login)  # type: ignore[method-assign]

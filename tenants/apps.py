@@ -12,14 +12,15 @@ class TenantsConfig(AppConfig):
     verbose_name = "Tenants"
 
     def ready(self) -> None:
-        from . import auth_cache, checks  # noqa: F401  (checks registers system checks)
+        from tenants import auth_cache, checks, quotas  # noqa: F401  (checks registers system checks)
 
         auth_cache.connect_invalidation()
+        quotas.connect_recount()
         post_migrate.connect(_operator_groups, sender=self, dispatch_uid="tenants.operator_groups")
 
 
 def _operator_groups(**_: Any) -> None:
     """The auditor and tenant-admin groups with this app's permissions (after every migrate)."""
-    from .roles import TENANT_GROUP_PERMISSIONS, grant_group_permissions
+    from tenants.roles import TENANT_GROUP_PERMISSIONS, grant_group_permissions
 
     grant_group_permissions("tenants", TENANT_GROUP_PERMISSIONS)

@@ -12,9 +12,9 @@ import re
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from . import auth_cache
-from . import conf as tenant_conf
-from .conf import (
+from tenants import auth_cache
+from tenants import conf as tenant_conf
+from tenants.conf import (
     DEFAULT_CHALLENGE_SCOPES,
     MCP_SCOPES,
     canonical_resource,
@@ -23,9 +23,9 @@ from .conf import (
     same_resource,
     shared_resource,
 )
-from .context import AuthContext
-from .exceptions import AuthError
-from .jwt_issuers import JwtRejected, verify_external_jwt
+from tenants.context import AuthContext
+from tenants.exceptions import AuthError
+from tenants.jwt_issuers import JwtRejected, verify_external_jwt
 
 __all__ = ["AuthContext", "AuthError", "authenticate", "cached_context", "insufficient_scope", "prm_url", "remember"]
 
@@ -163,7 +163,7 @@ def authenticate(*, headers: dict[str, str], query_string: str, resource_url: st
 
 
 def _anonymous_context() -> AuthContext:
-    from .services import anonymous_principal, default_tenant
+    from tenants.services import anonymous_principal, default_tenant
 
     tenant = default_tenant()
     principal = anonymous_principal(tenant=tenant)
@@ -182,8 +182,8 @@ def _builtin_token_context(*, token: str, resource_url: str) -> AuthContext:
     """Resolve a token minted by the built-in authorization server (django-oauth-toolkit)."""
     from oauth2_provider.models import get_access_token_model
 
-    from .models import Principal, TenantMembership
-    from .services import get_or_create_principal
+    from tenants.models import Principal, TenantMembership
+    from tenants.services import get_or_create_principal
 
     checksum = hashlib.sha256(token.encode("utf-8")).hexdigest()
     model = get_access_token_model()

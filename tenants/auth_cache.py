@@ -20,8 +20,8 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from . import conf
-from .context import AuthContext
+from tenants import conf
+from tenants.context import AuthContext
 
 
 class AuthCache:
@@ -81,7 +81,7 @@ def connect_invalidation() -> None:
     from django.db.models.signals import post_delete, post_save
     from oauth2_provider.models import get_access_token_model, get_application_model
 
-    from .models import ExternalIssuer, Principal, Tenant, TenantApplication, TenantMembership
+    from tenants.models import ExternalIssuer, Principal, Tenant, TenantApplication, TenantMembership
 
     for model in (get_access_token_model(), get_application_model(), Tenant, TenantApplication,
                   TenantMembership, Principal, ExternalIssuer):

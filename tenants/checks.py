@@ -7,7 +7,7 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
-from . import conf as tenant_conf
+from tenants import conf as tenant_conf
 
 #: Upper bound of the counters' Redis pool (connection budgets, docs/operations.md).
 MAX_REDIS_POOL = 500
@@ -27,13 +27,13 @@ def tenant_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
         ))
     if s.TASK_POLL_INTERVAL_MS < 1:
         problems.append(Error("MCPTASKS_TASK_POLL_INTERVAL_MS must be at least 1.", id="tenants.E002"))
-    from .outbound import invalid_networks
+    from tenants.outbound import invalid_networks
 
     for entry in invalid_networks(tuple(s.OUTBOUND_ALLOWED_NETWORKS)):
         problems.append(Error(f"MCPTASKS_OUTBOUND_ALLOWED_NETWORKS: {entry[:100]!r} is not a network (CIDR).",
                               hint="Use e.g. 10.20.0.0/16 or fd00::/8; invalid entries allow nothing.",
                               id="tenants.E004"))
-    from .models import POLL_INTERVAL_MS_LIMIT, TTL_MS_LIMIT
+    from tenants.models import POLL_INTERVAL_MS_LIMIT, TTL_MS_LIMIT
 
     for name, value, bound in (("TASK_DEFAULT_TTL_MS", s.TASK_DEFAULT_TTL_MS, TTL_MS_LIMIT),
                                ("TASK_MAX_TTL_MS", s.TASK_MAX_TTL_MS, TTL_MS_LIMIT),
@@ -41,7 +41,7 @@ def tenant_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
         if value > bound:
             problems.append(Warning(f"MCPTASKS_{name} ({value}) exceeds its bound {bound}; it is clamped to it.",
                                     id="tenants.W004"))
-    from .clientaddr import parse_networks
+    from tenants.clientaddr import parse_networks
 
     try:
         parse_networks(s.TRUSTED_PROXIES)
@@ -62,7 +62,7 @@ def tenant_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
 @register()
 def redis_url_supported(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """tenants.E010: REDIS_URL malformed or unsupported; tenants.E011: it names Redis Cluster (scheme or node)."""
-    from . import redis_url
+    from tenants.infra import redis_url
 
     return [
         Error(message, hint="See docs/operations.md, \"Redis: Sentinel, not Cluster\".", id=f"tenants.{code}")
@@ -89,7 +89,7 @@ def _issuers_of_several_tenants(limit: int = 1000) -> list[str]:
     """Issuers (at most ``limit``) that active rows of more than one tenant trust."""
     from django.db.models import Count
 
-    from .models import ExternalIssuer
+    from tenants.models import ExternalIssuer
 
     return list(
         ExternalIssuer.objects.filter(active=True)
@@ -105,7 +105,7 @@ def shared_issuers_name_their_tenant(app_configs: Any = None, **kwargs: Any) -> 
     """tenants.E001: an issuer trusted by several tenants without a tenant claim on each."""
     from django.db import DatabaseError
 
-    from .models import ExternalIssuer
+    from tenants.models import ExternalIssuer
 
     try:
         shared = _issuers_of_several_tenants()
@@ -131,7 +131,7 @@ def issuer_rows_never_share_a_token(app_configs: Any = None, **kwargs: Any) -> l
     """tenants.E003: two tenants' rows of one issuer could verify the same token (see ExternalIssuer.overlaps)."""
     from django.db import DatabaseError
 
-    from .models import ExternalIssuer
+    from tenants.models import ExternalIssuer
 
     try:
         shared = _issuers_of_several_tenants()

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .models import Tenant
-from .services import (
+from tenants.models import Tenant
+from tenants.services import (
     create_authorization_code_application,
     create_client_application,
     get_or_create_tenant,
@@ -98,7 +98,7 @@ def app(
 
 def recount(*, slug: str | None = None) -> list[str]:
     """Repair the active-task counters of one tenant (or all) from the task table."""
-    from .quotas import recount_active_tasks
+    from tenants.quotas import recount_active_tasks
 
     tenant_id = _tenant(slug).pk if slug else None
     fixed = recount_active_tasks(tenant_id=tenant_id)
@@ -106,7 +106,7 @@ def recount(*, slug: str | None = None) -> list[str]:
 
 
 def _known(scopes: list[str]) -> None:
-    from .conf import KNOWN_SCOPES
+    from tenants.conf import KNOWN_SCOPES
 
     unknown = [s for s in scopes if s not in KNOWN_SCOPES]
     if unknown:
@@ -117,7 +117,7 @@ def member(*, slug: str, username: str, scopes: list[str] | None = None) -> list
     """Make the Django user ``username`` a member of ``slug`` (authorization-code tokens)."""
     from django.contrib.auth import get_user_model
 
-    from .services import add_member
+    from tenants.services import add_member
 
     tenant = _tenant(slug)
     if scopes:
@@ -135,7 +135,7 @@ def operator(*, username: str, role: str, slug: str | None) -> list[str]:
 
     from django.contrib.auth import get_user_model
 
-    from .services import grant_operator_role
+    from tenants.services import grant_operator_role
 
     tenant = _tenant(slug) if slug else None
     user_model = get_user_model()
@@ -157,8 +157,8 @@ def webhook_add(*, slug: str, url: str, principal: str | None = None, events: li
     """Register a webhook endpoint of ``slug``; its signing secret (``whsec_…``) is the last line."""
     from django.core.exceptions import ValidationError
 
-    from .models import WEBHOOK_EVENTS, Principal
-    from .services import add_webhook_endpoint
+    from tenants.models import WEBHOOK_EVENTS, Principal
+    from tenants.services import add_webhook_endpoint
 
     tenant = _tenant(slug)
     who = None
@@ -185,8 +185,8 @@ def webhook_add(*, slug: str, url: str, principal: str | None = None, events: li
 
 def webhook_rotate(*, endpoint_id: int) -> list[str]:
     """Rotate an endpoint's signing secret; the new secret is the last line."""
-    from .models import WebhookEndpoint
-    from .services import rotate_webhook_secret
+    from tenants.models import WebhookEndpoint
+    from tenants.services import rotate_webhook_secret
 
     endpoint = WebhookEndpoint.objects.filter(pk=endpoint_id).first()
     if endpoint is None:

@@ -19,7 +19,7 @@ import ipaddress
 from collections.abc import Iterable
 from typing import Any
 
-from . import conf
+from tenants import conf
 
 #: Hops read from ``X-Forwarded-For`` at most (a longer header is cut from the left: those hops
 #: would be client-written anyway), and characters of the header looked at.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .typed_settings import Loader, setting
+from tenants.infra.typed_settings import Loader, setting
 
 #: Scopes an MCP client may hold (also the scopes of the anonymous principal).
 MCP_SCOPES: tuple[str, ...] = ("mcp:tools", "mcp:tasks", "mcp:tasks:tenant")
@@ -21,7 +21,7 @@ KNOWN_SCOPES: tuple[str, ...] = (*MCP_SCOPES, AUDIT_READ_SCOPE)
 class TenantSettings:
     """Every setting of the tenants app: type, default and meaning (the one definition).
 
-    Read from ``MCPTASKS_<NAME>`` (see :mod:`tenants.typed_settings`); ``docs/settings.md`` is
+    Read from ``MCPTASKS_<NAME>`` (see :mod:`tenants.infra.typed_settings`); ``docs/settings.md`` is
     generated from these fields.
     """
 

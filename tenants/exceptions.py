@@ -1,6 +1,6 @@
 """Exceptions of the tenants app: authentication failures and tenants' refusals.
 
-The transport's one error table (``mcptasks.transport.errors``) maps each to its JSON-RPC code
+The transport's one error table (``mcptasks.endpoint.errors``) maps each to its JSON-RPC code
 and HTTP status; ``data`` is the structured detail it sends along.
 """
 

@@ -30,10 +30,10 @@ from urllib.parse import urlsplit
 import jwt
 from django.core.cache import cache
 
-from . import conf, outbound
-from .conf import canonical_resource, resource_tenant, same_resource, shared_resource, tenant_resource
-from .context import AuthContext
-from .models import LEEWAY_S_LIMIT, ExternalIssuer, Principal
+from tenants import conf, outbound
+from tenants.conf import canonical_resource, resource_tenant, same_resource, shared_resource, tenant_resource
+from tenants.context import AuthContext
+from tenants.models import LEEWAY_S_LIMIT, ExternalIssuer, Principal
 
 logger = logging.getLogger(__name__)
 
@@ -328,7 +328,7 @@ def _verify_with(
 
 def verify_external_jwt(*, token: str, resource_url: str) -> AuthContext:
     """Verify ``token`` against the active external issuers naming its ``iss``; raise JwtRejected."""
-    from .services import get_or_create_principal
+    from tenants.services import get_or_create_principal
 
     try:
         header = jwt.get_unverified_header(token)

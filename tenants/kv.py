@@ -25,8 +25,9 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 
-from . import conf
-from . import redis_url as redis_urls
+from tenants import conf
+from tenants.infra import redis_pools
+from tenants.infra.redis_url import RedisURLError
 
 logger = logging.getLogger(__name__)
 
@@ -187,11 +188,21 @@ def _pool_options() -> dict[str, Any]:
 _refused_urls: set[str] = set()
 
 
-def _refused(url: str, exc: Exception) -> None:
-    """Log once per URL that ``REDIS_URL`` is unusable (the message carries no credential)."""
-    if url not in _refused_urls:
-        _refused_urls.add(url)
-        logger.error("%s; rate limits and poll notes stay in this process", exc)
+def _new_client(url: str, *, asynchronous: bool) -> Any:
+    """A ``redis`` (or ``redis.asyncio``) client on a bounded pool for ``url``, or None when the
+    URL is refused: refused by ``manage.py check`` too, a process started anyway runs on the local
+    store (logged once per URL, the message carrying no credential)."""
+    import redis
+    import redis.asyncio as aredis
+
+    try:
+        pool = (redis_pools.async_pool if asynchronous else redis_pools.sync_pool)(url, **_pool_options())
+    except RedisURLError as exc:
+        if url not in _refused_urls:
+            _refused_urls.add(url)
+            logger.error("%s; rate limits and poll notes stay in this process", exc)
+        return None
+    return (aredis.Redis if asynchronous else redis.Redis)(connection_pool=pool)
 
 
 def client() -> Any:
@@ -202,16 +213,10 @@ def client() -> Any:
         return None
     with _lock:
         if _client is None or _client_url != url:
-            import redis
-
-            try:
-                pool = redis_urls.sync_pool(url, **_pool_options())
-            except redis_urls.RedisURLError as exc:
-                # Refused by ``manage.py check``; a process started anyway runs on the local store.
-                _refused(url, exc)
+            made = _new_client(url, asynchronous=False)
+            if made is None:
                 return None
-            _client = redis.Redis(connection_pool=pool)
-            _client_url = url
+            _client, _client_url = made, url
         return _client
 
 
@@ -272,14 +277,9 @@ def aclient() -> Any:
     hit = _aclients.get(loop)
     if hit is not None and hit[0] == url:
         return hit[1]
-    import redis.asyncio as aredis
-
-    try:
-        pool = redis_urls.async_pool(url, **_pool_options())
-    except redis_urls.RedisURLError as exc:
-        _refused(url, exc)
+    c = _new_client(url, asynchronous=True)
+    if c is None:
         return None
-    c = aredis.Redis(connection_pool=pool)
     _aclients[loop] = (url, c)
     return c
 

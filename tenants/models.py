@@ -6,11 +6,11 @@ from typing import Any
 
 from django.conf import settings
 from django.core.validators import MaxValueValidator
-from django.db import models, transaction
+from django.db import models
 from oauth2_provider.settings import oauth2_settings
 
-from .crypto import EncryptedTextField
-from .roles import Role
+from tenants.crypto import EncryptedTextField
+from tenants.roles import Role
 
 #: Scopes a new application or membership may use until an operator grants more.
 LEAST_PRIVILEGE_SCOPES = "mcp:tools mcp:tasks"
@@ -85,24 +85,6 @@ class Tenant(models.Model):
 
     def __str__(self) -> str:
         return self.slug
-
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        """Save; a tenant that gets its first concurrency limit has its counters recounted.
-
-        Counters are kept only for tenants with a limit (see :mod:`tenants.quotas`): when one is
-        added, the tasks already running are counted from the task table once this commits.
-        """
-        from . import quotas
-
-        adding = self._state.adding or self.pk is None
-        was_counted = (not adding and quotas.is_counted(Tenant.objects.filter(pk=self.pk).values_list(
-                           "max_concurrent_tasks", "max_concurrent_tasks_per_principal").first()))
-        super().save(*args, **kwargs)
-        now_counted = quotas.is_counted((self.max_concurrent_tasks, self.max_concurrent_tasks_per_principal))
-        if not adding and not was_counted and now_counted:
-            pk = self.pk
-            transaction.on_commit(lambda: quotas.recount_active_tasks(tenant_id=pk))
-
 
 class Principal(models.Model):
     """An identity inside a tenant: an OAuth client (``client_id``), a user (``sub``) or anonymous."""
@@ -274,7 +256,7 @@ class ExternalIssuer(models.Model):
             raise ValidationError({"algorithms": "HS* algorithms need an explicit shared secret."})
         if not (self.jwks_url or self.static_keys or self.shared_secret):
             raise ValidationError("Set a JWKS URL, static keys or a shared secret.")
-        from .outbound import literal_host_refused
+        from tenants.outbound import literal_host_refused
 
         if self.jwks_url and literal_host_refused(self.jwks_url):
             # Checked again on the resolved address at every fetch (tenants.outbound).
@@ -304,7 +286,7 @@ class ExternalIssuer(models.Model):
         Blank means the tenant's own endpoint; an explicit URI naming a tenant endpoint
         (``…/t/<slug>``) is that tenant's endpoint whatever its host (hosts vary by request).
         """
-        from .conf import normalize_uri, resource_tenant
+        from tenants.conf import normalize_uri, resource_tenant
 
         if not self.audience:
             return ("tenant", self.tenant.slug)
@@ -383,7 +365,7 @@ class WebhookEndpoint(models.Model):
         """Known events only; the principal belongs to the tenant; an allowed destination."""
         from django.core.exceptions import ValidationError
 
-        from .outbound import literal_host_refused
+        from tenants.outbound import literal_host_refused
 
         if not isinstance(self.events, list) or not self.events or any(e not in WEBHOOK_EVENTS for e in self.events):
             raise ValidationError({"events": f"A non-empty list of: {', '.join(WEBHOOK_EVENTS)}."})

@@ -24,9 +24,9 @@ from django.shortcuts import render
 from oauth2_provider.oauth2_validators import OAuth2Validator
 from oauth2_provider.views import AuthorizationView
 
-from . import clientaddr, conf, kv
-from .models import TenantApplication, TenantMembership
-from .signals import emit
+from tenants import clientaddr, conf, kv
+from tenants.models import TenantApplication, TenantMembership
+from tenants.signals import emit
 
 
 def allowed_scopes(*, application_id: int, user: Any = None) -> frozenset[str]:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import conf
+from tenants import conf
 
 logger = logging.getLogger(__name__)
 

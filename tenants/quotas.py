@@ -11,14 +11,16 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from typing import Any
 
 from django.db import transaction
 from django.db.models import F, Q, Value
 from django.db.models.functions import Greatest
+from django.db.models.signals import post_save, pre_save
 
-from . import conf
-from .exceptions import QuotaExceeded
-from .models import Principal, Tenant
+from tenants import conf
+from tenants.exceptions import QuotaExceeded
+from tenants.models import Principal, Tenant
 
 
 def default_tenant_limit() -> int | None:
@@ -201,3 +203,35 @@ def recount_active_tasks(*, tenant_id: int | None = None, kinds: tuple[str, ...]
                     Principal.objects.filter(pk=principal.pk).update(active_tasks=want)
                     fixed += 1
     return fixed
+
+
+# --- a tenant's first concurrency limit ---------------------------------------------------------
+
+_LIMIT_FIELDS = ("max_concurrent_tasks", "max_concurrent_tasks_per_principal")
+
+
+def _note_counted_before(sender: type[Tenant], instance: Tenant, **_: Any) -> None:
+    """``pre_save``: whether the stored tenant already had its counters kept (a new one has not)."""
+    adding = instance._state.adding or instance.pk is None
+    instance._quota_was_counted = adding or is_counted(  # type: ignore[attr-defined]
+        Tenant.objects.filter(pk=instance.pk).values_list(*_LIMIT_FIELDS).first())
+
+
+def _recount_when_first_limited(sender: type[Tenant], instance: Tenant, created: bool, **_: Any) -> None:
+    """``post_save``: a tenant that gets its first concurrency limit has its counters recounted.
+
+    Counters are kept only for tenants with a limit: when one is added, the tasks already running
+    are counted from the task table once this commits.
+    """
+    was_counted = getattr(instance, "_quota_was_counted", True)
+    if created or was_counted or not is_counted((instance.max_concurrent_tasks,
+                                                 instance.max_concurrent_tasks_per_principal)):
+        return
+    pk = instance.pk
+    transaction.on_commit(lambda: recount_active_tasks(tenant_id=pk))
+
+
+def connect_recount() -> None:
+    """Connect the recount of a newly limited tenant to its saves (the app's ``ready``)."""
+    pre_save.connect(_note_counted_before, sender=Tenant, dispatch_uid="tenants.quotas.counted_before")
+    post_save.connect(_recount_when_first_limited, sender=Tenant, dispatch_uid="tenants.quotas.recount")

@@ -10,14 +10,13 @@
   (:data:`OPERATOR_ONLY_TENANT_FIELDS`, read-only in the admin).
 
 Model permissions come from the two groups (each app adds its own models' permissions, see
-:func:`grant_group_permissions`); *which rows* come from :func:`visible_tenant_ids` and
-:func:`managed_tenant_ids`, the one place that decides it.
+:func:`grant_group_permissions`); *which rows* come from :func:`tenants.access.visible_tenant_ids` and
+:func:`~tenants.access.managed_tenant_ids`, the one place that decides it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from django.db import models
 
@@ -69,40 +68,3 @@ def grant_group_permissions(app_label: str, per_group: Mapping[str, Iterable[str
         group, _ = Group.objects.get_or_create(name=name)
         perms = Permission.objects.filter(content_type__app_label=app_label, codename__in=list(codenames))
         group.permissions.add(*perms)
-
-
-def _is_all_seeing(user: Any) -> bool:
-    return bool(user.is_superuser or user.has_perm(AUDIT_ALL_TENANTS))
-
-
-def visible_tenant_ids(user: Any) -> frozenset[int] | None:
-    """Tenants ``user`` may read as an operator: None means every tenant."""
-    if not getattr(user, "is_active", False):
-        return frozenset()
-    if _is_all_seeing(user):
-        return None
-    from .models import TenantMembership
-
-    return frozenset(
-        TenantMembership.objects.filter(user=user, role__in=(Role.AUDITOR, Role.ADMIN)).values_list(
-            "tenant_id", flat=True
-        )
-    )
-
-
-def managed_tenant_ids(user: Any) -> frozenset[int] | None:
-    """Tenants ``user`` may change as an operator: None means every tenant."""
-    if not getattr(user, "is_active", False):
-        return frozenset()
-    if user.is_superuser:
-        return None
-    from .models import TenantMembership
-
-    return frozenset(
-        TenantMembership.objects.filter(user=user, role=Role.ADMIN).values_list("tenant_id", flat=True)
-    )
-
-
-def scope_queryset(qs: Any, ids: frozenset[int] | None, *, field: str = "tenant_id") -> Any:
-    """``qs`` limited to the tenants ``ids`` (None: unchanged)."""
-    return qs if ids is None else qs.filter(**{f"{field}__in": ids})

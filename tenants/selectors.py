@@ -6,9 +6,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from . import conf
-from . import conf as tenant_conf
-from .models import POLL_INTERVAL_MS_LIMIT, TTL_MS_LIMIT, Tenant
+from tenants import conf
+from tenants import conf as tenant_conf
+from tenants.models import POLL_INTERVAL_MS_LIMIT, TTL_MS_LIMIT, Tenant
 
 _LIMIT_FIELDS = (
     "max_concurrent_tasks",

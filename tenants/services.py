@@ -11,9 +11,9 @@ from django.utils import timezone
 from oauth2_provider.models import get_access_token_model, get_application_model, set_token_value
 from oauth2_provider.settings import oauth2_settings
 
-from . import conf as tenant_conf
-from .conf import KNOWN_SCOPES, normalize_uri
-from .models import (
+from tenants import conf as tenant_conf
+from tenants.conf import KNOWN_SCOPES, normalize_uri
+from tenants.models import (
     LEAST_PRIVILEGE_SCOPES,
     Principal,
     Tenant,
@@ -205,7 +205,7 @@ def grant_operator_role(*, user: Any, tenant: Tenant | None, role: str) -> None:
     ``tenant=None`` with ``auditor`` means an auditor of every tenant (see tenants/roles.py)."""
     from django.contrib.auth.models import Group, Permission
 
-    from .roles import AUDITOR_GROUP, TENANT_ADMIN_GROUP, Role
+    from tenants.roles import AUDITOR_GROUP, TENANT_ADMIN_GROUP, Role
 
     if role not in (Role.AUDITOR, Role.ADMIN):
         raise ValueError(f"unknown operator role {role!r} (auditor or admin)")

@@ -8,8 +8,8 @@ from __future__ import annotations
 from django.urls import URLPattern, URLResolver, include, path
 from oauth2_provider import urls as dot_urls
 
-from . import conf, views
-from .oauth import TenantAuthorizationView
+from tenants import conf, views
+from tenants.oauth import TenantAuthorizationView
 
 # DOT's protocol endpoints (authorize, token, revoke, introspect, device flow) without its
 # user-facing application management pages and dynamic client registration: every

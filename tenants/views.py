@@ -9,9 +9,9 @@ from django.views.decorators.http import require_GET
 from oauth2_provider.models import get_grant_model
 from oauth2_provider.views import OAuthServerMetadataView, TokenView
 
-from . import conf
-from . import conf as tenant_conf
-from .conf import (
+from tenants import conf
+from tenants import conf as tenant_conf
+from tenants.conf import (
     MCP_SCOPES,
     TENANT_SEGMENT,
     canonical_resource,
@@ -20,7 +20,7 @@ from .conf import (
     resource_tenant,
     tenant_resource,
 )
-from .models import ExternalIssuer, Tenant
+from tenants.models import ExternalIssuer, Tenant
 
 
 def _request_resource(request: HttpRequest) -> str:

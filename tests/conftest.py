@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.client import McpClient
+from tests.support.fast_subset import starts_processes
+from tests.support.requirements import require_redis
+from tests.support.sentinel_proc import PrivateSentinel
 from tests.support.servers import Proc, Stack, make_stack
 
 
@@ -24,11 +27,23 @@ def _own_counters_prefix() -> Iterator[None]:
     settings.CHANNEL_PREFIX = previous
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _fast_password_hashing() -> Iterator[None]:
+    """Passwords hashed with a cheap hasher: the tests sign users in by the hundred, and the
+    production hasher's cost (by design about 0.3 s a hash) is not what they test."""
+    from django.conf import settings
+    from django.test.utils import override_settings
+
+    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher",
+                                             *settings.PASSWORD_HASHERS]):
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _async_reads_see_only_committed_rows(request: pytest.FixtureRequest) -> Iterator[None]:
     """Tests inside one rolled-back transaction read and write through the ORM's connection only.
 
-    ``mcptasks.fastreads`` reads over a connection of its own, which (correctly) cannot see a
+    ``mcptasks.db.async_sql`` reads over a connection of its own, which (correctly) cannot see a
     test's uncommitted rows; transactional tests and real processes use it as production does.
     """
     marker = request.node.get_closest_marker("django_db")
@@ -43,7 +58,19 @@ def _async_reads_see_only_committed_rows(request: pytest.FixtureRequest) -> Iter
     yield
 
 
+@pytest.fixture(scope="module")
+@starts_processes
+def sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateSentinel]:
+    """A private Redis primary + replica + 3 Sentinels for this module (tests/support/sentinel_proc.py)."""
+    require_redis()
+    s = PrivateSentinel(Path(tmp_path_factory.mktemp("sentinel")))
+    s.start()
+    yield s
+    s.stop()
+
+
 @pytest.fixture(scope="session")
+@starts_processes
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A database (and channel prefix) of its own for this test session's server processes."""
     st, teardown = make_stack(tmp_path_factory.mktemp("stack"))
@@ -84,10 +111,3 @@ def auth_server(stack: Stack) -> Iterator[Proc]:
     for p in procs:
         p.terminate(timeout=10)
 
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test under tests/e2e carries the ``e2e`` marker (``-m 'not e2e'`` runs the rest)."""
-    e2e_dir = Path(__file__).parent / "e2e"
-    for item in items:
-        if Path(str(item.fspath)).is_relative_to(e2e_dir):
-            item.add_marker(pytest.mark.e2e)

@@ -33,7 +33,7 @@ from django.db import connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from .models import AuditAnchor, AuditEvent
+from mcptasks.models import AuditAnchor, AuditEvent
 
 #: pg_try_advisory_xact_lock key of the sealer (one sealer at a time across all processes).
 SEAL_LOCK = (0x4D435054, 0x5345414C)  # "MCPT", "SEAL"
@@ -100,7 +100,7 @@ async def aappend(*, tenant_id: int | None, principal_id: int | None, action: st
     """
     from asgiref.sync import sync_to_async
 
-    from . import fastreads
+    from mcptasks.db import async_sql as fastreads
 
     fields = event(tenant_id=tenant_id, principal_id=principal_id, action=action, task_id=task_id, data=data)
     if fastreads.available():
@@ -174,15 +174,6 @@ def seal(*, limit: int = 5000) -> int:
         AuditAnchor.objects.bulk_create([_anchor(chain=c, seq=heads[c][0], head=heads[c][1], at=now,
                                                  kind=AuditAnchor.Kind.HEAD) for c in sorted(touched)])
         return len(pending)
-
-
-def housekeep() -> int:
-    """The periodic pass of every process: write the suppressed-refusal counts of ended throttle
-    windows (:func:`mcptasks.watch.flush_suppressed`), then :func:`seal`. Returns the events sealed."""
-    from . import watch
-
-    watch.flush_suppressed()
-    return seal()
 
 
 def _write_seals(events: list[AuditEvent]) -> None:

@@ -9,7 +9,17 @@ import asyncio
 import json
 from typing import Any
 
-from mcptasks.registry import ToolContext, ToolResult, audio, image, prompt, resource, resource_template, text, tool
+from mcptasks.tools.registry import (
+    ToolContext,
+    ToolResult,
+    audio,
+    image,
+    prompt,
+    resource,
+    resource_template,
+    text,
+    tool,
+)
 
 PNG_1X1 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
 WAV_MIN = "UklGRiYAAABXQVZFZm10IBAAAAABAAEAQB8AAAB9AAACABAAZGF0YQIAAAA="
@@ -312,4 +322,4 @@ def test_prompt_with_image() -> list[dict[str, Any]]:
 
 
 # The 2026-07-28 scenarios' fixtures live in their own module; importing it registers them.
-from . import tools_2026  # noqa: E402, F401
+from mcptasks.conformance import tools_2026  # noqa: E402, F401

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from mcptasks.era2026 import inputs
-from mcptasks.registry import ToolContext, ToolResult, prompt, text, tool
+from mcptasks.methods import inputs
+from mcptasks.tools.registry import ToolContext, ToolResult, prompt, text, tool
 
 NAME_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
 

@@ -29,12 +29,14 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from tenants import roles
+from mcptasks.console import operators, taskpage
+from mcptasks.db import config as dbconfig
+from mcptasks.models import LIVE, AuditAnchor, AuditEvent, McpSession, Task, WebhookDelivery, WorkerHeartbeat
+from mcptasks.protocol.errors import McpError
+from mcptasks.streams import webhooks
+from mcptasks.tasks import selectors, transitions
+from tenants import access
 from tenants.admin import TENANT_FILTER, ScopedAuditedAdmin
-
-from . import dbconfig, operators, selectors, services, taskpage, webhooks
-from .models import LIVE, AuditAnchor, AuditEvent, McpSession, Task, WebhookDelivery, WorkerHeartbeat
-from .protocol.errors import McpError
 
 # The admin is the service's operator console; "View site" leads to the landing page.
 admin.site.site_header = "mcptasks console"
@@ -44,7 +46,7 @@ admin.site.site_url = "/"
 
 
 class ReadOnlyAdmin(ScopedAuditedAdmin):
-    """Operators inspect; state changes go through the services (and so the audit log).
+    """Operators inspect; state changes go through the task engine (and so the audit log).
 
     Rows are scoped to the operator's tenants like every other admin of the project.
     """
@@ -109,7 +111,7 @@ class TaskAdmin(ReadOnlyAdmin):
     def get_exclude(self, request: HttpRequest, obj: Any = None) -> Any:
         """The raw worker id is no form field of a tenant-scoped operator's task page either."""
         exclude = tuple(super().get_exclude(request, obj) or ())
-        if roles.visible_tenant_ids(request.user) is None:
+        if access.visible_tenant_ids(request.user) is None:
             return exclude
         return (*exclude, "worker_id")
 
@@ -151,8 +153,8 @@ class TaskAdmin(ReadOnlyAdmin):
                     extra_context: dict[str, Any] | None = None) -> Any:
         """The task page (see :mod:`.taskpage`), scoped like the list."""
         obj = self._visible_task(request, object_id)
-        all_tenants = roles.visible_tenant_ids(request.user) is None
-        managed = roles.managed_tenant_ids(request.user)
+        all_tenants = access.visible_tenant_ids(request.user) is None
+        managed = access.managed_tenant_ids(request.user)
         context = {
             **(extra_context or {}),
             "task_page": taskpage.page(obj, all_tenants=all_tenants, now=timezone.now()),
@@ -165,7 +167,7 @@ class TaskAdmin(ReadOnlyAdmin):
     def live_view(self, request: HttpRequest, object_id: str) -> JsonResponse:
         """What changes while the task runs, as JSON for the page's refresh (scoped like the page)."""
         obj = self._visible_task(request, object_id)
-        all_tenants = roles.visible_tenant_ids(request.user) is None
+        all_tenants = access.visible_tenant_ids(request.user) is None
         response = JsonResponse(taskpage.live(obj, all_tenants=all_tenants, now=timezone.now()))
         response["Cache-Control"] = "no-store"
         return response
@@ -196,15 +198,15 @@ class TaskAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Cancel selected tasks (as tasks/cancel, audited)", permissions=["cancel"])
     def cancel_tasks(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
-        """Cancel each live task the operator manages through :func:`services.cancel_task_as_operator`."""
-        managed = roles.managed_tenant_ids(request.user)
+        """Cancel each live task the operator manages through :func:`transitions.cancel_task_as_operator`."""
+        managed = access.managed_tenant_ids(request.user)
         done, refused = 0, []
         for task in queryset.select_related("tenant", "principal"):
             if managed is not None and task.tenant_id not in managed:
                 refused.append(f"{task.task_id}: not a tenant you manage")
                 continue
             try:
-                services.cancel_task_as_operator(operator=request.user, task=task)
+                transitions.cancel_task_as_operator(operator=request.user, task=task)
                 done += 1
             except McpError as exc:
                 refused.append(f"{task.task_id}: {exc.message}")
@@ -220,7 +222,7 @@ def _seconds(value: float | None) -> str:
 
 def _hide_worker(request: HttpRequest, fields: Any) -> Any:
     """``fields`` with ``worker_id`` replaced by ``worker`` unless the operator sees every tenant."""
-    if roles.visible_tenant_ids(request.user) is None:
+    if access.visible_tenant_ids(request.user) is None:
         return fields
     return type(fields)("worker" if f == "worker_id" else f for f in fields)
 
@@ -244,7 +246,7 @@ class WorkerHeartbeatAdmin(ReadOnlyAdmin):
     def get_queryset(self, request: HttpRequest) -> Any:
         """Workers serve every tenant: only operators who see every tenant see them (hosts, pids)."""
         qs = admin.ModelAdmin.get_queryset(self, request)
-        if roles.visible_tenant_ids(request.user) is not None:
+        if access.visible_tenant_ids(request.user) is not None:
             return qs.none()
         live = Task.objects.filter(worker_id=OuterRef("worker_id"), status__in=LIVE).order_by()
         count = live.values("worker_id").annotate(n=Count("pk")).values("n")[:1]
@@ -392,7 +394,7 @@ class WebhookDeliveryAdmin(ReadOnlyAdmin):
     @admin.action(description="Redeliver selected (same webhook-id, audited)", permissions=["redeliver"])
     def redeliver(self, request: HttpRequest, queryset: QuerySet[WebhookDelivery]) -> None:
         """Queue the selected deliveries of tenants the operator manages again, now."""
-        managed = roles.managed_tenant_ids(request.user)
+        managed = access.managed_tenant_ids(request.user)
         rows = [d for d in queryset if managed is None or d.tenant_id in managed]
         n = webhooks.redeliver(deliveries=rows, operator=request.user)
         self.message_user(request, f"Queued {n} delivery(ies) again.", messages.SUCCESS)

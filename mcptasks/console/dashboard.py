@@ -16,10 +16,11 @@ from django.db.models import Count, Q
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
-from tenants import roles
-
-from . import conf, selectors
-from .models import LIVE, AuditEvent, Task, TaskStatus
+from mcptasks import conf
+from mcptasks.audit import throttle
+from mcptasks.models import LIVE, AuditEvent, Task, TaskStatus
+from mcptasks.tasks import selectors
+from tenants import access
 
 WINDOW = dt.timedelta(hours=24)
 DURATION_SAMPLE = 5000
@@ -82,21 +83,19 @@ def refusal_counts(*, tenant_ids: frozenset[int] | None, hours: list[dt.datetime
                    start: dt.datetime) -> dict[str, list[int]]:
     """Refusals per series and hour: every one, written or not.
 
-    Refusals are audited throttled (:mod:`mcptasks.watch`): a written event counts one, an
+    Refusals are audited throttled (:mod:`mcptasks.audit.throttle`): a written event counts one, an
     ``audit.suppressed`` event counts the refusals of its kind not written in its window (in the
     hour the window began), and counts not yet written (their window is running, or the flusher
     has not run yet) are read from the throttle's counters, so the figures match ``/metrics``.
     """
-    from . import watch
-
     index = {h: i for i, h in enumerate(hours)}
     refusals: dict[str, list[int]] = {label: [0] * len(hours) for label in REFUSAL_SERIES}
     label_of = {action: label for label, actions in REFUSAL_SERIES.items() for action in actions}
-    events = roles.scope_queryset(AuditEvent.objects.all(), tenant_ids).filter(
-        created_at__gte=start - dt.timedelta(hours=1), action__in=[*label_of, watch.SUPPRESSED_ACTION])
+    events = access.scope_queryset(AuditEvent.objects.all(), tenant_ids).filter(
+        created_at__gte=start - dt.timedelta(hours=1), action__in=[*label_of, throttle.SUPPRESSED_ACTION])
     for ev in events.only("created_at", "action", "data").iterator(chunk_size=2000):
         data = ev.data if isinstance(ev.data, dict) else {}
-        if ev.action == watch.SUPPRESSED_ACTION:
+        if ev.action == throttle.SUPPRESSED_ACTION:
             label, count = label_of.get(str(data.get("kind"))), data.get("count")
             try:
                 at = dt.datetime.fromisoformat(str(data.get("window_start")))
@@ -110,7 +109,7 @@ def refusal_counts(*, tenant_ids: frozenset[int] | None, hours: list[dt.datetime
         if label is not None and i is not None and isinstance(count, int):
             refusals[label][i] += count
     every_s = conf.get().AUDIT_REFUSAL_EVERY_S
-    for (window, tenant, kind), count in watch.throttle.pending().items():
+    for (window, tenant, kind), count in throttle.throttle.pending().items():
         label = label_of.get(kind)
         visible = tenant_ids is None or tenant in tenant_ids
         i = index.get(_hour(dt.datetime.fromtimestamp(window * every_s, tz=dt.UTC)))
@@ -125,7 +124,7 @@ def build(*, tenant_ids: frozenset[int] | None, now: dt.datetime | None = None) 
     start = (now - WINDOW).replace(minute=0, second=0, microsecond=0) + dt.timedelta(hours=1)
     hours = [start + dt.timedelta(hours=i) for i in range(24)]
     index = {h: i for i, h in enumerate(hours)}
-    tasks = roles.scope_queryset(Task.objects.filter(kind=Task.Kind.TASK), tenant_ids)
+    tasks = access.scope_queryset(Task.objects.filter(kind=Task.Kind.TASK), tenant_ids)
 
     by_status: dict[str, list[int]] = {s.value: [0] * len(hours) for s in TaskStatus}
     rows = (tasks.filter(created_at__gte=start).annotate(hour=TruncHour("created_at"))
@@ -144,7 +143,7 @@ def build(*, tenant_ids: frozenset[int] | None, now: dt.datetime | None = None) 
     ]
 
     live = tasks.filter(status__in=LIVE)
-    flagged = list(roles.scope_queryset(AuditEvent.objects.all(), tenant_ids)
+    flagged = list(access.scope_queryset(AuditEvent.objects.all(), tenant_ids)
                    .filter(action__startswith="flag.").select_related("tenant", "principal").order_by("-id")[:20])
     return Dashboard(
         hours=[h.strftime("%H:00") for h in hours],

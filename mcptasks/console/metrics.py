@@ -1,5 +1,8 @@
-"""Prometheus metrics (``GET /metrics``).
+"""Prometheus metrics (``GET /metrics``): the view's rendering and the scrape-time collectors.
 
+The metric objects that other layers record into (refusals, suppressed audit writes, live
+objects, database connections) are in :mod:`mcptasks.observability.metrics`; this module
+registers the collectors that read the store, the dashboards and the pools into its registry.
 Collected at scrape time from the live objects, so a metric never drifts from what it
 describes: the Redis connection pools of the channel layer and of the counters client, and,
 from the store (the same answer from every web process), tasks by tenant and status, queue
@@ -10,24 +13,30 @@ throttle did not write (``mcptasks_audit_suppressed_total``).
 
 from __future__ import annotations
 
-import asyncio
+import datetime as dt
 import logging
-import threading
-import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from channels.layers import get_channel_layer
-from prometheus_client import CollectorRegistry, Counter, ProcessCollector, generate_latest
+from django.conf import settings as dj_settings
+from django.db.models import Count
+from django.utils import timezone
+from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from mcptasks import conf
+from mcptasks.console import dashboard
+from mcptasks.db import async_sql as fastreads
+from mcptasks.models import LIVE, Task, TaskStatus
+from mcptasks.observability.metrics import REGISTRY, db_connections
+from mcptasks.streams import webhooks
+from mcptasks.streams.layers import redis_degraded, send_breaker
+from mcptasks.tasks import selectors
 from tenants import kv
 
 logger = logging.getLogger(__name__)
-
-#: What ``/metrics`` serves (a registry of our own: no default process collectors twice).
-REGISTRY = CollectorRegistry(auto_describe=True)
 
 
 class RedisPoolCollector(Collector):
@@ -52,13 +61,9 @@ class RedisPoolCollector(Collector):
         breaker = GaugeMetricFamily(
             "mcptasks_redis_breaker_open", "1 while Redis is being skipped after a failure", labels=["client"]
         )
-        from .layers import send_breaker
-
         breaker.add_metric(["counters"], int(kv.breaker.is_open))
         breaker.add_metric(["channel_layer"], int(send_breaker.is_open))
         yield breaker
-        from .layers import redis_degraded
-
         degraded = GaugeMetricFamily(
             "mcptasks_degraded",
             "1 while this process serves without a component (readiness says `degraded`; see docs/operations.md)",
@@ -68,35 +73,17 @@ class RedisPoolCollector(Collector):
         yield degraded
 
 
-#: Django database connections of this process (one per thread that used the ORM), weakly held.
-_db_connections: weakref.WeakSet[Any] = weakref.WeakSet()
-#: Thread-name prefixes of the pools that hold PostgreSQL connections, and the pool they count in.
-_DB_POOLS = (("mcptasks-write", "write_threads"), ("mcptasks-sync", "sync_threads"), ("mcptasks-tool", "tool_threads"),
-             ("mcptasks-lease", "worker_lease_threads"))
-
-
-def track_db_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
-    """``connection_created``: remember the wrapper and the pool of the thread that opened it."""
-    name = threading.current_thread().name
-    connection._mcptasks_pool = next((pool for prefix, pool in _DB_POOLS if name.startswith(prefix)), "other")
-    _db_connections.add(connection)
-
-
 class DbPoolCollector(Collector):
     """Open PostgreSQL connections of the process per pool, and each pool's bound (from settings).
 
     ``other`` is the thread every ORM call from async code shares (and management commands);
-    ``async_reads`` the async connections of ``mcptasks/fastreads.py`` (one per event loop).
+    ``async_reads`` the async connections of ``mcptasks/db/async_sql.py`` (one per event loop).
     """
 
     def collect(self) -> Iterator[Any]:
         """``mcptasks_db_connections_open{pool}`` and ``mcptasks_db_pool_max_connections{pool}``."""
-        from django.conf import settings as dj_settings
-
-        from . import conf, fastreads
-
         counts: dict[str, int] = {}
-        for wrapper in list(_db_connections):
+        for wrapper in list(db_connections):
             if getattr(wrapper, "connection", None) is not None:
                 pool = getattr(wrapper, "_mcptasks_pool", "other")
                 counts[pool] = counts.get(pool, 0) + 1
@@ -141,14 +128,6 @@ class StoreCollector(Collector):
 
     def _families(self) -> Iterator[Any]:
         """Tasks by tenant and status, queue depth, workers alive, durations per tool."""
-        import datetime as dt
-
-        from django.db.models import Count
-        from django.utils import timezone
-
-        from . import dashboard, selectors
-        from .models import LIVE, Task, TaskStatus
-
         now = timezone.now()
         tasks = Task.objects.filter(kind=Task.Kind.TASK)
         by_status = GaugeMetricFamily("mcptasks_tasks", "Stored tasks by tenant and status",
@@ -180,8 +159,6 @@ class StoreCollector(Collector):
             for q in (0.5, 0.95):
                 durations.add_metric([tool, str(q)], dashboard.percentile(values, q))
         yield durations
-        from . import webhooks
-
         hooks = webhooks.stats()
         deliveries = GaugeMetricFamily("mcptasks_webhook_deliveries",
                                        "Stored webhook deliveries by state (delivered, failed: given up, pending)",
@@ -195,56 +172,9 @@ class StoreCollector(Collector):
                                 value=hooks["pending"])
 
 
-#: Counters of live objects, by kind, registered by the modules that hold them.
-_object_counts: dict[str, Callable[[], int]] = {}
-_loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
-
-
-def count_objects(kind: str, count: Callable[[], int]) -> None:
-    """Report ``count()`` as ``mcptasks_process_objects{kind=...}`` at every scrape."""
-    _object_counts[kind] = count
-
-
-def note_loop(loop: asyncio.AbstractEventLoop) -> None:
-    """Count the asyncio tasks of ``loop`` (the server's event loop) at every scrape."""
-    _loops.add(loop)
-
-
-def process_objects() -> dict[str, int]:
-    """Live objects of this process by kind: what would grow if something leaked."""
-    counts = {kind: int(count()) for kind, count in list(_object_counts.items())}
-    counts["asyncio_tasks"] = sum(len(asyncio.all_tasks(loop)) for loop in list(_loops) if not loop.is_closed())
-    stats = getattr(get_channel_layer(), "buffer_stats", None)
-    if callable(stats):
-        for kind, value in stats().items():
-            counts[f"layer_{kind}"] = value
-    return counts
-
-
-class ProcessObjectsCollector(Collector):
-    """``mcptasks_process_objects{kind}``: streams, asyncio tasks, channel-layer buffers..."""
-
-    def collect(self) -> Iterator[Any]:
-        """One gauge, labelled by kind."""
-        family = GaugeMetricFamily("mcptasks_process_objects", "Live objects this process holds, by kind",
-                                   labels=["kind"])
-        for kind, value in sorted(process_objects().items()):
-            family.add_metric([kind], value)
-        yield family
-
-
 REGISTRY.register(RedisPoolCollector())
 REGISTRY.register(DbPoolCollector())
 REGISTRY.register(StoreCollector())
-REGISTRY.register(ProcessObjectsCollector())
-#: process_resident_memory_bytes and friends, of the web process serving the scrape.
-ProcessCollector(registry=REGISTRY)
-
-#: Every refusal this process sent, by kind (not throttled, unlike their audit events).
-REFUSALS = Counter("mcptasks_refusals", "Refusals sent by this process", ["kind"], registry=REGISTRY)
-#: Refusals this process did not write to the audit log (the throttle; counted in ``audit.suppressed``).
-SUPPRESSED = Counter("mcptasks_audit_suppressed", "Refusals this process counted instead of auditing",
-                     ["kind"], registry=REGISTRY)
 
 
 def render() -> bytes:

@@ -4,7 +4,7 @@ The page shows a task's arguments, status message, progress, result or error, th
 sent its client for input (elicitation, sampling) with the answers, attempts and worker, and its
 durations. Large documents are cut to :data:`INLINE_CHARS` characters with a download of the
 whole; the worker is an opaque label unless the operator sees every tenant
-(:func:`mcptasks.operators.worker_label`). Scoping is the admin's (:class:`mcptasks.admin.TaskAdmin`).
+(:func:`mcptasks.console.operators.worker_label`). Scoping is the admin's (:class:`mcptasks.console.admin.TaskAdmin`).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import datetime as dt
 import json
 from typing import Any
 
-from . import operators
-from .models import Task
+from mcptasks.console import operators
+from mcptasks.models import Task
 
 #: Characters of one JSON document (arguments, result, error) shown inline; beyond, a download.
 INLINE_CHARS = 20_000

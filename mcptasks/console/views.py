@@ -21,11 +21,13 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.template.response import TemplateResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from tenants import clientaddr, kv, roles
+from mcptasks import conf
+from mcptasks.console import dashboard, metrics
+from mcptasks.db import write_pool as dbwrites
+from mcptasks.streams import layers
+from tenants import access, clientaddr, kv
 from tenants import conf as tenant_conf
 from tenants.models import Tenant
-
-from . import conf, dashboard, dbwrites, layers, metrics
 
 logger = logging.getLogger(__name__)
 
@@ -217,8 +219,8 @@ def dashboard_view(request: HttpRequest) -> TemplateResponse | JsonResponse:
     """The operator dashboard (an admin page): per tenant, or every tenant the operator sees."""
     if not request.user.has_perm("mcptasks.view_task"):
         raise PermissionDenied
-    visible = roles.visible_tenant_ids(request.user)
-    tenants = roles.scope_queryset(Tenant.objects.all(), visible, field="pk")
+    visible = access.visible_tenant_ids(request.user)
+    tenants = access.scope_queryset(Tenant.objects.all(), visible, field="pk")
     slug = request.GET.get("tenant", "")
     selected = tenants.filter(slug=slug).first() if slug else None
     scope = frozenset({selected.pk}) if selected is not None else visible

@@ -11,7 +11,7 @@ that wrote through any process reads its write.
 Only committed rows are visible here: code that reads inside an ORM transaction of its own must
 use the sync selectors (tests that wrap each test in a transaction turn ``ASYNC_READS`` off).
 On SQLite, or when ``ASYNC_READS`` is off, or while the async connection is failing, callers
-fall back to the ORM (:func:`available` says which). The selectors in :mod:`mcptasks.selectors`
+fall back to the ORM (:func:`available` says which). The selectors in :mod:`mcptasks.tasks.selectors`
 own the rules (scoping, expiry); this module only fetches rows.
 """
 
@@ -29,9 +29,8 @@ from django.db import connections
 from django.db.models import Model
 from django.db.models.base import ModelState
 
-from tenants.coalesce import Coalescer
-
-from . import conf
+from mcptasks import conf
+from tenants.infra.coalesce import Coalescer
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +58,7 @@ def available() -> bool:
 
 
 _POSTGRESQL_ENGINES = frozenset(
-    {"django.db.backends.postgresql", "django.db.backends.postgresql_psycopg2", "mcptasks.pooled_postgresql"}
+    {"django.db.backends.postgresql", "django.db.backends.postgresql_psycopg2", "mcptasks.db.pooled_postgresql"}
 )
 
 
@@ -260,7 +259,7 @@ def _build(model: type[M], names: list[str], values: Sequence[Any]) -> M:
     more than the query on the request path. The instance is the same: field values in its
     ``__dict__`` (fields not loaded stay deferred, read on access like the ORM's ``only()``),
     ``_state`` saying it came from the database. The models read here have no init signals
-    (checked by tests/mcptasks/test_fastreads.py).
+    (checked by tests/mcptasks/tasks/test_fastreads.py).
     """
     obj = model.__new__(model)
     state = ModelState()

@@ -2,7 +2,7 @@
 
 One place builds the connection options from the typed settings (``DB_*`` in
 :mod:`mcptasks.conf`), for Django's connections (``settings.py``), the async read connection
-(:mod:`mcptasks.fastreads`) and the pooled backend (:mod:`mcptasks.pooled_postgresql`).
+(:mod:`mcptasks.db.async_sql`) and the pooled backend (:mod:`mcptasks.db.pooled_postgresql`).
 
 Directly against PostgreSQL (``DB_POOLER=none``) the timeouts are startup options
 (``-c lock_timeout=...``): no round trip. A transaction pooler such as PgBouncer refuses startup

@@ -38,7 +38,7 @@ from channels.db import DatabaseSyncToAsync, database_sync_to_async
 from django.conf import settings
 from django.db import OperationalError
 
-from . import conf
+from mcptasks import conf
 
 T = TypeVar("T")
 

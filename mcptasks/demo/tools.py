@@ -10,7 +10,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from mcptasks.registry import (
+from mcptasks.tools.registry import (
     SyncToolContext,
     ToolContext,
     ToolResult,

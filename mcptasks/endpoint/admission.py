@@ -1,7 +1,7 @@
 """The one admission pipeline: what every JSON-RPC request of the endpoint passes before its handler.
 
-Both eras run it, the session-based one (:class:`~mcptasks.transport.consumer.McpConsumer`) and
-the 2026-07-28 one (:mod:`mcptasks.era2026.transport`), with their own method table
+Both eras run it, the session-based one (:mod:`mcptasks.endpoint.session_era`) and
+the 2026-07-28 one (:mod:`mcptasks.endpoint.eras`), with their own method table
 (:class:`~mcptasks.protocol.dispatch.Dispatcher`). The caller was authenticated before the
 body was read. In order, :func:`admit`:
 
@@ -17,9 +17,9 @@ body was read. In order, :func:`admit`:
    extra read (429 with ``Retry-After`` past the limit, the refusal audited);
 4. counts a too-early poll towards the principal's ``fast_polling`` flag.
 
-It returns an :class:`Admission` or the :class:`~mcptasks.transport.replies.JsonReply` to send.
+It returns an :class:`Admission` or the :class:`~mcptasks.endpoint.replies.JsonReply` to send.
 What a handler raises afterwards is answered by :func:`failure` through the one error table
-(:mod:`mcptasks.transport.errors`).
+(:mod:`mcptasks.endpoint.errors`).
 """
 
 from __future__ import annotations
@@ -31,19 +31,18 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 
+from mcptasks.audit import watch
+from mcptasks.endpoint import errors
+from mcptasks.endpoint.replies import JsonReply
+from mcptasks.protocol import jsonrpc
+from mcptasks.protocol.dispatch import Dispatcher, Route
+from mcptasks.protocol.errors import INVALID_REQUEST, McpError
+from mcptasks.protocol.messages import TASK_ID_PATTERN
 from tenants import ratelimit
 from tenants.auth import AuthContext, insufficient_scope
-from tenants.coalesce import SingleFlight
 from tenants.exceptions import QuotaExceeded, RateLimited
+from tenants.infra.coalesce import SingleFlight
 from tenants.selectors import TenantRow, cached_tenant_row, limits_of, tenant_row
-
-from .. import watch
-from ..protocol import jsonrpc
-from ..protocol.dispatch import Dispatcher, Route
-from ..protocol.errors import INVALID_REQUEST, McpError
-from ..protocol.messages import TASK_ID_PATTERN
-from . import errors
-from .replies import JsonReply
 
 _TASK_ID = re.compile(TASK_ID_PATTERN)
 
@@ -97,7 +96,7 @@ async def admit(
         await watch.arefused(auth=auth, action="auth.scope_refused", data={"method": method[:64], "scope": scope})
         refusal = insufficient_scope(scope=scope, resource_url=resource_url())
         # The request was parsed: answer it as a JSON-RPC error response carrying its id.
-        return JsonReply(refusal.status, {**refusal.body, "id": request_id}, refusal.headers)
+        return JsonReply(refusal.status, jsonrpc.with_id(refusal.body, request_id), refusal.headers)
     try:
         too_soon = await _count(auth=auth, op_class=op_class, polled=polled_task_id(route, params))
     except RateLimited as exc:

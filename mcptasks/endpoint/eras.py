@@ -8,10 +8,10 @@ that no session-based revision has. Everything else is 2025-11-25 exactly as bef
 :func:`serve` applies, in order: the ``_meta`` shape (-32602, HTTP 400), the protocol version
 (-32022, HTTP 400), the SEP-2243 headers (-32020, HTTP 400; also when one of them is
 repeated), the method table (-32601, HTTP 404), then the one admission pipeline both eras run
-(:mod:`mcptasks.transport.admission`: scope, rate class, rate limits, fast polls), and
+(:mod:`mcptasks.endpoint.admission`: scope, rate class, rate limits, fast polls), and
 dispatches. The caller was authenticated before the body was read, as for every POST. It never
-holds the consumer: it returns the reply to send (:mod:`mcptasks.transport.replies`), and the
-HTTP statuses of its errors come from the one error table (:mod:`mcptasks.transport.errors`).
+holds the consumer: it returns the reply to send (:mod:`mcptasks.endpoint.replies`), and the
+HTTP statuses of its errors come from the one error table (:mod:`mcptasks.endpoint.errors`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-import json
 import logging
 import re
 from collections.abc import Callable
@@ -28,12 +27,15 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from pydantic import ValidationError
 
-from tenants.auth import AuthContext
-
-from .. import conf, observability
-from ..protocol import era2026, jsonrpc, versions
-from ..protocol.era2026 import META_PROTOCOL_VERSION, NAME_SOURCE, RequestMeta
-from ..protocol.errors import (
+from mcptasks import conf, observability
+from mcptasks.endpoint import admission, errors
+from mcptasks.endpoint.errors import ERA_2026, UNAVAILABLE
+from mcptasks.endpoint.replies import JsonReply, ListenReply, Reply, SendFrame, SseReply
+from mcptasks.methods import era2026 as handlers
+from mcptasks.methods.era2026 import EraContext
+from mcptasks.protocol import era2026, jsonrpc, sse, versions
+from mcptasks.protocol.era2026 import META_PROTOCOL_VERSION, NAME_SOURCE, RequestMeta
+from mcptasks.protocol.errors import (
     HEADER_MISMATCH,
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -42,12 +44,9 @@ from ..protocol.errors import (
     UNSUPPORTED_PROTOCOL_VERSION,
     McpError,
 )
-from ..registry import registry
-from ..transport import admission, errors, sse
-from ..transport.errors import ERA_2026, UNAVAILABLE
-from ..transport.replies import JsonReply, ListenReply, Reply, SendFrame, SseReply
-from . import handlers, tasks
-from .handlers import EraContext
+from mcptasks.tasks import era2026 as tasks
+from mcptasks.tools.registry import registry
+from tenants.auth import AuthContext
 
 logger = logging.getLogger(__name__)
 
@@ -237,7 +236,8 @@ async def serve(
         return admitted
     try:
         with observability.rpc_span(msg.method, msg.params, auth=auth, known=True) as span:
-            result = await handlers.dispatcher.dispatch(ctx, msg.method, msg.params)
+            result = await handlers.dispatcher.dispatch(ctx, msg.method, msg.params,
+                                                            passthrough=errors.PASSTHROUGH)
             observability.note_task(span, result)
     except UNAVAILABLE:
         raise  # answered (503) where every database outage is
@@ -271,7 +271,7 @@ async def _stream_round(rid: str | int, round_: handlers.PlainRound, send: SendF
         nonlocal position
         notes, position = await sync_to_async(tasks.progress_since)(task=round_.task, after=position)
         for note in notes:
-            await send(sse.event(json.dumps(note, separators=(",", ":"))))
+            await send(sse.event(jsonrpc.encode(note)))
 
     try:
         result = await round_.outcome(forward)
@@ -281,4 +281,4 @@ async def _stream_round(rid: str | int, round_: handlers.PlainRound, send: SendF
         message = jsonrpc.error_response(rid, err)
     except UNAVAILABLE:
         message = jsonrpc.error_response(rid, McpError(INTERNAL_ERROR, "Service temporarily unavailable"))
-    return sse.event(json.dumps(message, separators=(",", ":")))
+    return sse.event(jsonrpc.encode(message))

@@ -5,26 +5,20 @@ Handlers and services raise what they mean (``McpError`` with its own code, a te
 the JSON-RPC error and the HTTP status and headers that carry it, for either era of the endpoint
 (the 2026-07-28 revision carries a few JSON-RPC codes in a 400 or 404, see
 :data:`STATUS_BY_CODE`). Anything not in the table is a crash: -32603 "Internal error", logged
-with its traceback, never shown to the client. The "Payload Too Large" refusal is worded here
-too (:func:`payload_too_large`), wherever the body limit is enforced.
+with its traceback, never shown to the client. What a database outage raises is named by the
+tasks layer (:mod:`mcptasks.tasks.outage`): this module never imports the ORM.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import InterfaceError, OperationalError
-
-from tenants.exceptions import QuotaExceeded, RateLimited
-
-from ..protocol import era2026, jsonrpc
-from ..protocol.errors import (
+from mcptasks.protocol import era2026
+from mcptasks.protocol.errors import (
     HEADER_MISMATCH,
     INTERNAL_ERROR,
-    INVALID_REQUEST,
     METHOD_NOT_FOUND,
     MISSING_CLIENT_CAPABILITY,
     QUOTA_EXCEEDED,
@@ -32,6 +26,8 @@ from ..protocol.errors import (
     UNSUPPORTED_PROTOCOL_VERSION,
     McpError,
 )
+from mcptasks.tasks.outage import DATABASE_UNAVAILABLE, database_unavailable
+from tenants.exceptions import QuotaExceeded, RateLimited
 
 #: The eras of the one endpoint: the session-based revisions (2025-11-25 and earlier) and the
 #: stateless 2026-07-28 one.
@@ -54,10 +50,8 @@ TABLE: tuple[Rule, ...] = (
     Rule(RateLimited, RATE_LIMITED, 429, headers=lambda exc: exc.retry_headers()),
     Rule(QuotaExceeded, QUOTA_EXCEEDED, 200),
     # The database is away: retryable, and never a 500 or a hang.
-    Rule(OperationalError, INTERNAL_ERROR, 503, headers=lambda exc: {"Retry-After": "5"},
-         message="Service temporarily unavailable"),
-    Rule(InterfaceError, INTERNAL_ERROR, 503, headers=lambda exc: {"Retry-After": "5"},
-         message="Service temporarily unavailable"),
+    *(Rule(exc, INTERNAL_ERROR, 503, headers=lambda exc: {"Retry-After": "5"},
+           message="Service temporarily unavailable") for exc in DATABASE_UNAVAILABLE),
     Rule(McpError, None, 200),
 )
 
@@ -74,7 +68,8 @@ STATUS_BY_CODE: dict[str, dict[int, int]] = {
 PASSTHROUGH: tuple[type[Exception], ...] = tuple(
     r.exc for r in TABLE if r.exc is not McpError and issubclass(r.exc, Exception)
 )
-UNAVAILABLE: tuple[type[Exception], ...] = (OperationalError, InterfaceError)
+#: A database outage, answered 503 wherever it surfaces.
+UNAVAILABLE: tuple[type[Exception], ...] = DATABASE_UNAVAILABLE
 
 
 def rule_for(exc: BaseException) -> Rule | None:
@@ -95,11 +90,6 @@ def answer(exc: BaseException, *, era: str = SESSION_ERA) -> tuple[McpError, int
     return McpError(rule.code if rule.code is not None else INTERNAL_ERROR, message, data), rule.status, headers
 
 
-def payload_too_large(limit: int) -> McpError:
-    """The refusal of a body over ``limit`` bytes (HTTP 413), wherever the limit is enforced."""
-    return McpError(INVALID_REQUEST, f"Payload Too Large: the limit is {limit} bytes")
-
-
-def payload_too_large_body(limit: int) -> bytes:
-    """:func:`payload_too_large` as the JSON body of a 413 (no request id: the body was not read)."""
-    return json.dumps(jsonrpc.error_response(None, payload_too_large(limit)), separators=(",", ":")).encode()
+def unavailable() -> tuple[McpError, int, dict[str, str]]:
+    """How a database outage is answered (503 with ``Retry-After``), once it was caught and logged."""
+    return answer(database_unavailable())

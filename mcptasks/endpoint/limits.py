@@ -1,34 +1,18 @@
-"""What one principal may make the server hold: stored client metadata, sessions, open streams.
+"""Open streams one principal may hold in this web process.
 
-Sessions and their client metadata live in the database (24 h idle), and every GET stream holds
-a connection and a consumer: without bounds, one principal could grow the session table by
-megabytes per request or exhaust a web process's connections (issue 25.7). The session cap is
-counted in the database (exact across processes, see ``services.open_session``); open streams
-are counted per web process, which is what they exhaust.
+Every GET stream holds a connection and a consumer: without a bound, one principal could
+exhaust a web process's connections (issue 25.7). Streams are counted per web process, which is
+what they exhaust; the session cap and the size of stored client metadata are the engine's
+(:func:`mcptasks.tasks.sessions.open_session`, counted in the database, exact across processes).
 """
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import defaultdict
-from typing import Any
-
-from . import conf
-from .protocol.errors import invalid_params
 
 #: A principal, as the stream counter keys it: (tenant id, principal id).
 Owner = tuple[int, int]
-
-
-def check_client_metadata(*, client_info: Any, capabilities: Any) -> None:
-    """Refuse (-32602) a ``clientInfo`` or capabilities object larger than ``CLIENT_METADATA_MAX_BYTES``."""
-    limit = conf.get().CLIENT_METADATA_MAX_BYTES
-    for name, value in (("clientInfo", client_info), ("capabilities", capabilities)):
-        size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
-        if size > limit:
-            raise invalid_params(f"Invalid params: {name} is too large ({size} bytes; the limit is {limit} bytes)",
-                                 {"field": name, "limit": limit})
 
 
 class StreamSlots:

@@ -1,6 +1,6 @@
 """What request handling asks the HTTP layer to send: the vocabulary between an era and the consumer.
 
-An era's request path (:mod:`mcptasks.era2026.transport`, the admission pipeline) never holds
+An era's request path (:mod:`mcptasks.endpoint.eras`, the admission pipeline) never holds
 the consumer: it returns one of these and the consumer writes it. That keeps the HTTP
 connection, its CORS headers and its stream bookkeeping in one place.
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..era2026.listen import Listen
+    from mcptasks.methods.listen import Listen
 
 #: Writes one SSE frame to the open response.
 SendFrame = Callable[[bytes], Awaitable[None]]

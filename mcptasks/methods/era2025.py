@@ -1,6 +1,6 @@
 """MCP method handlers: the dispatch table of this server.
 
-Each handler receives a :class:`RequestContext` and validated params, talks to services and
+Each handler receives a :class:`RequestContext` and validated params, talks to the task engine and
 selectors (in a thread, they use the ORM) and returns the result dict, or a
 :class:`StreamReply` when the answer will arrive later on an SSE stream.
 """
@@ -9,18 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from asgiref.sync import sync_to_async
-from django.core import signing
 
-from tenants.auth import AuthContext
-
-from . import conf, dbwrites, idempotency, observability, selectors, services, watch
-from .models import McpSession, Task
-from .protocol import versions
-from .protocol.dispatch import Dispatcher
-from .protocol.errors import (
+from mcptasks import conf, observability
+from mcptasks.audit import watch
+from mcptasks.db import write_pool as dbwrites
+from mcptasks.methods import pagination
+from mcptasks.models import McpSession, Task
+from mcptasks.protocol import versions
+from mcptasks.protocol.dispatch import Dispatcher
+from mcptasks.protocol.errors import (
     INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
@@ -28,7 +28,7 @@ from .protocol.errors import (
     McpError,
     invalid_params,
 )
-from .protocol.messages import (
+from mcptasks.protocol.messages import (
     MODEL_IMMEDIATE_RESPONSE,
     CallToolParams,
     CompleteParams,
@@ -40,8 +40,10 @@ from .protocol.messages import (
     SetLevelParams,
     TaskIdParams,
 )
-from .registry import Registry, ToolInputError, registry
-from .transport.errors import PASSTHROUGH
+from mcptasks.streams import events
+from mcptasks.tasks import auditing, creation, idempotency, selectors, sessions, transitions, wire
+from mcptasks.tools.registry import Registry, ToolInputError, registry
+from tenants.auth import AuthContext
 
 SERVER_NAME = "mcptasks"
 SERVER_VERSION = "0.1.0"
@@ -50,6 +52,13 @@ INSTRUCTIONS = (
     "'optional' or 'required' may be called with a `task` parameter; poll tasks/get at the returned "
     "pollInterval and fetch the outcome with tasks/result."
 )
+
+
+class OpenStream(Protocol):
+    """How a handler opens its request's SSE stream (the HTTP layer provides it)."""
+
+    async def __call__(self, prefix: str, *,
+                       before_priming: Callable[[str], Awaitable[None]] | None = None) -> str: ...
 
 
 @dataclass
@@ -69,7 +78,9 @@ class RequestContext:
     session: McpSession | None
     protocol_version: str
     request_id: str | int
-    open_stream: Callable[[str], Awaitable[str]]
+    #: Open this request's SSE stream (``prefix``) and return its id; ``before_priming(stream_id)``
+    #: runs before the priming event is sent, so an id the client holds is always resumable.
+    open_stream: OpenStream
     registry: Registry = field(default_factory=lambda: registry)
     new_session: McpSession | None = None
     #: The task the request names, read with its session (see selectors.aget_session_and_task).
@@ -81,7 +92,7 @@ TOOLS, TASKS = "mcp:tools", "mcp:tasks"
 
 #: What the transport's error table answers (a tenant's refusals, a database outage: 503 +
 #: Retry-After) is passed through to it rather than turned into a handler crash.
-dispatcher: Dispatcher[RequestContext] = Dispatcher(passthrough=PASSTHROUGH)
+dispatcher: Dispatcher[RequestContext] = Dispatcher()
 
 
 def _session(ctx: RequestContext) -> McpSession:
@@ -113,7 +124,7 @@ async def initialize(ctx: RequestContext, params: InitializeParams) -> dict[str,
     """Open a session and negotiate the protocol revision."""
     version = versions.negotiate(params.protocolVersion)
     ctx.new_session = await dbwrites.run(
-        services.open_session,
+        sessions.open_session,
         auth=ctx.auth,
         protocol_version=version,
         client_info=params.clientInfo.model_dump(mode="json", exclude_none=True),
@@ -133,35 +144,6 @@ async def ping(ctx: RequestContext, params: EmptyParams) -> dict[str, Any]:
     return {}
 
 
-# --- pagination of static lists --------------------------------------------------------------
-
-_LIST_SALT = "mcptasks.list"
-
-
-def _page(items: list[Any], cursor: str | None, size: int, kind: str) -> tuple[list[Any], str | None]:
-    start = 0
-    if cursor is not None:
-        try:
-            data = signing.loads(cursor, salt=_LIST_SALT)
-        except signing.BadSignature:
-            raise invalid_params("Invalid cursor") from None
-        if not isinstance(data, dict) or data.get("k") != kind or not isinstance(data.get("o"), int):
-            raise invalid_params("Invalid cursor")
-        start = data["o"]
-    page = items[start : start + size]
-    nxt = signing.dumps({"k": kind, "o": start + size}, salt=_LIST_SALT) if start + size < len(items) else None
-    return page, nxt
-
-
-def _list_result(key: str, items: list[Any], cursor: str | None, size: int) -> dict[str, Any]:
-    """A ``*/list`` result: one page under ``key`` and ``nextCursor`` only when there is more."""
-    page, nxt = _page(items, cursor, size, key)
-    out: dict[str, Any] = {key: page}
-    if nxt:
-        out["nextCursor"] = nxt
-    return out
-
-
 # --- tools -----------------------------------------------------------------------------------
 
 
@@ -170,7 +152,7 @@ async def tools_list(ctx: RequestContext, params: PaginatedParams) -> dict[str, 
     """Tools in name order, paginated."""
     with_execution = versions.has_tasks(ctx.protocol_version)
     tools = [t.definition(with_execution=with_execution) for t in ctx.registry.sorted_tools()]
-    return _list_result("tools", tools, params.cursor, conf.get().TOOLS_PAGE_SIZE)
+    return pagination.list_result("tools", tools, params.cursor, conf.get().TOOLS_PAGE_SIZE)
 
 
 @dispatcher.register("tools/call", CallToolParams, scope=TOOLS, task_scope=TASKS, task_rate="create")
@@ -195,7 +177,7 @@ async def tools_call(ctx: RequestContext, params: CallToolParams) -> dict[str, A
     if as_task:
         assert params.task is not None
         task = await dbwrites.run(
-            services.create_task,
+            creation.create_task,
             auth=ctx.auth,
             session=session,
             tool=tool,
@@ -217,7 +199,7 @@ async def tools_call(ctx: RequestContext, params: CallToolParams) -> dict[str, A
     stream_id = await ctx.open_stream("p")
     # On the shared database thread, not a write thread: the priming event is out before the row
     # commits, and a notifications/cancelled sent on seeing it (that thread too) must find the row.
-    task = await sync_to_async(services.create_task)(
+    task = await sync_to_async(creation.create_task)(
         auth=ctx.auth,
         session=session,
         tool=tool,
@@ -256,19 +238,27 @@ async def tasks_get(ctx: RequestContext, params: TaskIdParams) -> dict[str, Any]
 async def tasks_result(ctx: RequestContext, params: TaskIdParams) -> dict[str, Any] | StreamReply:
     """The outcome of a terminal task now; otherwise stream until it is terminal."""
     task = await _lookup(ctx, params.taskId, "tasks/result")
-    if observability.TRACING:
+    if observability.tracing.TRACING:
         # Marks the retrieval in the task's own trace (linked to this request's).
         with observability.task_span(task, "mcptasks.task.result", link_current=True,
                                      **{"mcptasks.status": task.status, "mcptasks.tenant": ctx.auth.tenant_slug}):
             pass
     if task.is_terminal:
-        await services.arecord_task_retrieval(auth=ctx.auth, task=task)
-        result, error = services.task_result_payload(task=task)
+        await auditing.arecord_task_retrieval(auth=ctx.auth, task=task)
+        result, error = wire.task_result_payload(task=task)
         if error is not None:
             raise McpError.from_error(error)
         assert result is not None
         return result
-    stream_id = await ctx.open_stream("r")
+
+    async def bind(stream_id: str) -> None:
+        # Which task and request id this stream answers, stored before the client can see the
+        # stream's first event id: a client that drops and resumes it at once, through any
+        # process, still gets the result.
+        await sync_to_async(events.bind_stream)(session_id=task.session_id, stream_id=stream_id,
+                                                task_id=task.task_id, rpc_id=ctx.request_id)
+
+    stream_id = await ctx.open_stream("r", before_priming=bind)
     return StreamReply(stream_id=stream_id, task=task, mode="task_result")
 
 
@@ -288,25 +278,28 @@ async def tasks_list(ctx: RequestContext, params: PaginatedParams) -> dict[str, 
 async def tasks_cancel(ctx: RequestContext, params: TaskIdParams) -> dict[str, Any]:
     """Cancel a non-terminal task."""
     await _lookup(ctx, params.taskId, "tasks/cancel")
-    task = await dbwrites.run(services.cancel_task, auth=ctx.auth, task_id=params.taskId)
+    task = await dbwrites.run(transitions.cancel_task, auth=ctx.auth, task_id=params.taskId)
     return task.wire()
 
 
 # --- resources -------------------------------------------------------------------------------
 
 
+async def _subscribe(ctx: RequestContext, uri: str, *, subscribed: bool) -> dict[str, Any]:
+    await sync_to_async(sessions.set_subscription)(session=_session(ctx), uri=uri, subscribed=subscribed)
+    return {}
+
+
 @dispatcher.register("resources/list", PaginatedParams)
 async def resources_list(ctx: RequestContext, params: PaginatedParams) -> dict[str, Any]:
     """Static resources."""
-    items = [r.definition() for _, r in sorted(ctx.registry.resources.items())]
-    return _list_result("resources", items, params.cursor, 100)
+    return pagination.listing("resources", ctx.registry.resources, params.cursor)
 
 
 @dispatcher.register("resources/templates/list", PaginatedParams)
 async def resource_templates_list(ctx: RequestContext, params: PaginatedParams) -> dict[str, Any]:
     """Resource templates."""
-    items = [t.definition() for _, t in sorted(ctx.registry.templates.items())]
-    return _list_result("resourceTemplates", items, params.cursor, 100)
+    return pagination.listing("resourceTemplates", ctx.registry.templates, params.cursor)
 
 
 @dispatcher.register("resources/read", ReadResourceParams)
@@ -325,15 +318,13 @@ async def resources_read(ctx: RequestContext, params: ReadResourceParams) -> dic
 @dispatcher.register("resources/subscribe", ReadResourceParams)
 async def resources_subscribe(ctx: RequestContext, params: ReadResourceParams) -> dict[str, Any]:
     """Remember the subscription (resources here do not change, so no update is ever sent)."""
-    await sync_to_async(services.set_subscription)(session=_session(ctx), uri=params.uri, subscribed=True)
-    return {}
+    return await _subscribe(ctx, params.uri, subscribed=True)
 
 
 @dispatcher.register("resources/unsubscribe", ReadResourceParams)
 async def resources_unsubscribe(ctx: RequestContext, params: ReadResourceParams) -> dict[str, Any]:
     """Forget the subscription."""
-    await sync_to_async(services.set_subscription)(session=_session(ctx), uri=params.uri, subscribed=False)
-    return {}
+    return await _subscribe(ctx, params.uri, subscribed=False)
 
 
 # --- prompts and completion ------------------------------------------------------------------
@@ -342,8 +333,7 @@ async def resources_unsubscribe(ctx: RequestContext, params: ReadResourceParams)
 @dispatcher.register("prompts/list", PaginatedParams)
 async def prompts_list(ctx: RequestContext, params: PaginatedParams) -> dict[str, Any]:
     """Prompts in name order."""
-    items = [p.definition() for _, p in sorted(ctx.registry.prompts.items())]
-    return _list_result("prompts", items, params.cursor, 100)
+    return pagination.listing("prompts", ctx.registry.prompts, params.cursor)
 
 
 @dispatcher.register("prompts/get", GetPromptParams)
@@ -384,11 +374,11 @@ async def completion_complete(ctx: RequestContext, params: CompleteParams) -> di
 @dispatcher.register("logging/setLevel", SetLevelParams)
 async def logging_set_level(ctx: RequestContext, params: SetLevelParams) -> dict[str, Any]:
     """Set the minimum level of ``notifications/message`` for this session."""
-    await sync_to_async(services.set_log_level)(session=_session(ctx), level=params.level)
+    await sync_to_async(sessions.set_log_level)(session=_session(ctx), level=params.level)
     return {}
 
 
-# --- the table's admission rules, by method (what mcptasks.transport.admission applies) -------
+# --- the table's admission rules, by method (what mcptasks.endpoint.admission applies) -------
 
 
 def required_scope(method: str, params: dict[str, Any] | None) -> str | None:

@@ -1,56 +1,50 @@
 """The 2026-07-28 method table: stateless requests and the ``io.modelcontextprotocol/tasks`` extension.
 
-Handlers get an :class:`EraContext` (the caller, the validated per-request ``_meta``) and
-validated params, and return the result to send; they never write responses. Methods whose
+Handlers get an :class:`~mcptasks.methods.era2026_context.EraContext` (the caller, the validated
+per-request ``_meta``) and validated params, and return the result to send; they never write
+responses. The rounds of a plain ``tools/call`` are in :mod:`.era2026_rounds`, the rendering of a
+task that ``tasks/get`` shares with listens and webhooks in :mod:`.views`. Methods whose
 behaviour did not change (resources, prompts, completion) call the 2025-11-25 handlers and add
 ``resultType`` and the cache hints. Tasks are read and written through the same store,
-services and audit as the 2025-11-25 methods, so a task is one task whichever era looks at it.
+task engine and audit as the 2025-11-25 methods, so a task is one task whichever era looks at it.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from pydantic import Field
 
-from tenants.auth import AuthContext
-
-from .. import conf, dbwrites, idempotency, selectors, services, watch
-from .. import handlers as legacy
-from ..models import Task, TaskStatus
-from ..protocol import era2026, versions
-from ..protocol.dispatch import Dispatcher
-from ..protocol.era2026 import (
+from mcptasks import conf
+from mcptasks.audit import watch
+from mcptasks.db import write_pool as dbwrites
+from mcptasks.methods import era2025 as legacy
+from mcptasks.methods import era2026_rounds as rounds
+from mcptasks.methods import inputs, pagination
+from mcptasks.methods import listen as listen_mod
+from mcptasks.methods import request_state as state
+from mcptasks.methods.era2026_context import TASKS_REQUIRED, EraContext, missing_capability
+from mcptasks.methods.era2026_rounds import PlainRound
+from mcptasks.methods.implementation import server_info
+from mcptasks.models import Task
+from mcptasks.protocol import era2026, versions
+from mcptasks.protocol.dispatch import Dispatcher
+from mcptasks.protocol.era2026 import (
     TASKS_EXTENSION,
     CallToolParams,
     ListenParams,
-    RequestMeta,
     TaskIdParams,
     TasksUpdateParams,
 )
-from ..protocol.errors import (
-    CAPABILITY_MISSING,
-    INTERNAL_ERROR,
-    MISSING_CLIENT_CAPABILITY,
-    RESOURCE_NOT_FOUND,
-    McpError,
-    invalid_params,
-)
-from ..protocol.messages import (
-    CompleteParams,
-    EmptyParams,
-    GetPromptParams,
-    PaginatedParams,
-    ReadResourceParams,
-)
-from ..registry import Registry, ToolInputError, registry
-from ..transport.errors import PASSTHROUGH
-from . import inputs, state, tasks
-from . import listen as listen_mod
+from mcptasks.protocol.errors import RESOURCE_NOT_FOUND, McpError, invalid_params
+from mcptasks.protocol.messages import CompleteParams, EmptyParams, GetPromptParams, PaginatedParams, ReadResourceParams
+from mcptasks.tasks import auditing, creation, era2026_view, idempotency, selectors, transitions, wire
+from mcptasks.tasks import era2026 as tasks
+from mcptasks.tasks.era2026_view import atasks_as_seen_by, task_as_seen_by
+from mcptasks.tools.registry import ToolInputError
 
 #: Every revision this endpoint serves: this era first, then the session-based ones.
 SUPPORTED_VERSIONS: tuple[str, ...] = (era2026.VERSION, *versions.SUPPORTED)
@@ -67,40 +61,7 @@ INSTRUCTIONS = (
     "tools as tasks: poll tasks/get at pollIntervalMs and answer inputRequests with tasks/update."
 )
 
-#: How long one plain ``tools/call`` round waits for its run before answering -32603.
-ROUND_WAIT_S = 600.0
-
-
-@dataclass
-class EraContext:
-    """What a 2026-07-28 handler may use about the request."""
-
-    auth: AuthContext
-    meta: RequestMeta
-    request_id: str | int
-    registry: Registry = field(default_factory=lambda: registry)
-
-    def legacy(self) -> legacy.RequestContext:
-        """A 2025-11-25 context for the shared handlers that only read the registry."""
-        async def no_stream(prefix: str) -> str:
-            raise McpError(INTERNAL_ERROR, "Internal error")
-
-        return legacy.RequestContext(
-            auth=self.auth, session=None, protocol_version=era2026.VERSION, request_id=self.request_id,
-            open_stream=no_stream, registry=self.registry,
-        )
-
-
-dispatcher: Dispatcher[EraContext] = Dispatcher(passthrough=PASSTHROUGH)
-
-
-def missing_capability(capabilities: dict[str, Any], what: str) -> McpError:
-    """-32021 naming the capabilities the client must declare (a ClientCapabilities object)."""
-    return McpError(MISSING_CLIENT_CAPABILITY, f"Missing required client capability: {what}",
-                    {"requiredCapabilities": capabilities})
-
-
-TASKS_REQUIRED: dict[str, Any] = {"extensions": {TASKS_EXTENSION: {}}}
+dispatcher: Dispatcher[EraContext] = Dispatcher()
 
 
 def server_capabilities() -> dict[str, Any]:
@@ -112,11 +73,6 @@ def server_capabilities() -> dict[str, Any]:
         "completions": {},
         "extensions": {TASKS_EXTENSION: {}},
     }
-
-
-def server_info() -> dict[str, Any]:
-    """The server's Implementation object."""
-    return {"name": legacy.SERVER_NAME, "title": "mcptasks", "version": legacy.SERVER_VERSION}
 
 
 def _cacheable(result: dict[str, Any], ttl_ms: int) -> dict[str, Any]:
@@ -141,18 +97,7 @@ async def discover(ctx: EraContext, params: EmptyParams) -> dict[str, Any]:
 async def tools_list(ctx: EraContext, params: PaginatedParams) -> dict[str, Any]:
     """Tools in name order (deterministic), without the legacy ``execution`` member."""
     tools = [t.definition(with_execution=False) for t in ctx.registry.sorted_tools()]
-    return _cacheable(legacy._list_result("tools", tools, params.cursor, conf.get().TOOLS_PAGE_SIZE), LIST_TTL_MS)
-
-
-#: Tool ``_meta`` flag: gather the tool's first input in plain rounds, then hand over the task.
-GATHER_INPUT_FIRST = "io.mcptasks/gatherInputFirst"
-#: How long a creating call waits for such a tool's first question before answering with the task.
-GATHER_WAIT_S = 5.0
-
-
-def gathers_input_first(meta: dict[str, Any] | None) -> bool:
-    """Whether a tool asked for the MRTR-then-task composition (SEP-2663)."""
-    return bool((meta or {}).get(GATHER_INPUT_FIRST))
+    return _cacheable(pagination.list_result("tools", tools, params.cursor, conf.get().TOOLS_PAGE_SIZE), LIST_TTL_MS)
 
 
 def creates_task(ctx: EraContext, tool_name: str) -> bool:
@@ -193,7 +138,7 @@ async def tools_call(ctx: EraContext, params: CallToolParams) -> dict[str, Any] 
     if tool is None:
         raise invalid_params(f"Unknown tool: {params.name}")
     if params.requestState is not None:
-        return await _next_round(ctx, params)
+        return await rounds.next_round(ctx, params)
     as_task = creates_task(ctx, tool.name)
     if tool.task_support == "required" and not as_task:
         raise missing_capability(TASKS_REQUIRED, f"tool {tool.name} runs only as a task ({TASKS_EXTENSION})")
@@ -206,25 +151,25 @@ async def tools_call(ctx: EraContext, params: CallToolParams) -> dict[str, Any] 
     session = await sync_to_async(tasks.open_request_session)(auth=ctx.auth, meta=ctx.meta)
     if as_task:
         task = await dbwrites.run(
-            services.create_task,
+            creation.create_task,
             auth=ctx.auth, session=session, tool=tool, arguments=params.arguments or {},
             request_id=ctx.request_id, progress_token=None, kind=Task.Kind.TASK,
             # Requests carry no session here: only a client's key makes a retry idempotent.
             idempotency_key=idempotency.from_request(meta=params.meta, session_id=None, request_id=None),
         )
-        if gathers_input_first(tool.meta):
+        if rounds.gathers_input_first(tool.meta):
             # SEP-2663 composition: the input the tool asks for first is gathered in plain
             # rounds; the retry that answers it gets the CreateTaskResult.
-            done = await tasks.wait_for_round(task=task, timeout_s=GATHER_WAIT_S)
+            done = await tasks.wait_for_round(task=task, timeout_s=rounds.GATHER_WAIT_S)
             if done is not None and not done.is_terminal:
-                requests = await sync_to_async(tasks.pending_requests)(task=done)
+                requests = await sync_to_async(era2026_view.pending_requests)(task=done)
                 if requests:
                     issued = state.issue(auth=ctx.auth, task_id=task.task_id, tool=tool.name, round_=1, kind="task")
                     return era2026.input_required(requests, issued)
             task = done or task
         # Created and committed: an immediate tasks/get finds it.
-        return {"resultType": era2026.TASK, **tasks.task_object(task)}
-    token = progress_token(params.meta)
+        return {"resultType": era2026.TASK, **wire.task_object(task)}
+    token = rounds.progress_token(params.meta)
     task = await sync_to_async(tasks.start_plain_run)(
         auth=ctx.auth, session=session, tool=tool, arguments=params.arguments or {}, request_id=ctx.request_id,
         progress_token=token,
@@ -232,118 +177,11 @@ async def tools_call(ctx: EraContext, params: CallToolParams) -> dict[str, Any] 
     given = dict(params.inputResponses or {})
     if token is not None:
         # The transport streams the run's progress, then this round's outcome (see PlainRound).
-        return PlainRound(ctx=ctx, task=task, tool_name=tool.name, round_=1, given=given)
-    return await _round_outcome(ctx, task, tool_name=tool.name, round_=1, given=given)
-
-
-def progress_token(meta: dict[str, Any] | None) -> str | int | None:
-    """The request's ``_meta.progressToken`` if it is a string or an integer."""
-    token = (meta or {}).get("progressToken")
-    return token if isinstance(token, str | int) and not isinstance(token, bool) else None
-
-
-@dataclass
-class PlainRound:
-    """A round whose answer comes on an SSE response: the run's progress, then :meth:`outcome`."""
-
-    ctx: EraContext
-    task: Task
-    tool_name: str
-    round_: int
-    given: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    async def outcome(self, on_tick: Callable[[], Awaitable[None]]) -> dict[str, Any]:
-        """The round's result (or raise its error), calling ``on_tick`` while it waits."""
-        return await _round_outcome(self.ctx, self.task, tool_name=self.tool_name, round_=self.round_,
-                                    on_tick=on_tick, given=self.given)
-
-
-async def _next_round(ctx: EraContext, params: CallToolParams) -> dict[str, Any]:
-    """A retried call: answer the run's pending requests, then report how it goes on."""
-    assert params.requestState is not None
-    round_state = state.verify(auth=ctx.auth, state=params.requestState, tool=params.name)
-    kind = Task.Kind.TASK if round_state.kind == "task" else Task.Kind.REQUEST
-    task = await sync_to_async(tasks.get_run)(auth=ctx.auth, task_id=round_state.task_id, kind=kind)
-    if params.inputResponses:
-        await sync_to_async(tasks.answer_inputs)(auth=ctx.auth, task=task, responses=params.inputResponses)
-    if kind == Task.Kind.TASK:
-        if await sync_to_async(tasks.pending_count)(task=task):
-            # Still missing answers: ask again (same questions, a fresh state).
-            requests = await sync_to_async(tasks.pending_requests)(task=task)
-            token = state.issue(auth=ctx.auth, task_id=task.task_id, tool=params.name,
-                                round_=round_state.round + 1, kind="task")
-            return era2026.input_required(requests, token)
-        await sync_to_async(task.refresh_from_db)()
-        return {"resultType": era2026.TASK, **tasks.task_object(task)}
-    return await _round_outcome(ctx, task, tool_name=params.name, round_=round_state.round + 1)
-
-
-async def _round_outcome(
-    ctx: EraContext, task: Task, *, tool_name: str, round_: int,
-    on_tick: Callable[[], Awaitable[None]] | None = None, given: dict[str, dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """Wait for the run; answers it asks for that the request already carries (``given``, e.g.
-    ``inputResponses`` sent with the first call) are used at once, each key once."""
-    unused = dict(given or {})
-    while True:
-        done = await tasks.wait_for_round(task=task, timeout_s=ROUND_WAIT_S, on_tick=on_tick)
-        if done is None:
-            raise McpError(INTERNAL_ERROR, f"The call did not finish or ask for input within {ROUND_WAIT_S:.0f} s")
-        if done.is_terminal:
-            break
-        requests = await sync_to_async(tasks.pending_requests)(task=done)
-        usable = {k: unused.pop(k) for k in list(requests) if k in unused}
-        if usable:
-            await sync_to_async(tasks.answer_inputs)(auth=ctx.auth, task=done, responses=usable)
-            continue
-        if requests:
-            token = state.issue(auth=ctx.auth, task_id=done.task_id, tool=tool_name, round_=round_)
-            return era2026.input_required(requests, token)
-    if done.error is not None:
-        raise era_error(McpError.from_error(done.error))
-    if done.status == "cancelled":
-        raise McpError(INTERNAL_ERROR, "The call was cancelled")
-    return tasks.call_result(done.result)
-
-
-def era_error(err: McpError) -> McpError:
-    """A stored error as this era words it (the engine's missing-capability code is -32021 here)."""
-    if err.code == CAPABILITY_MISSING:
-        data = err.data if isinstance(err.data, dict) and "requiredCapabilities" in err.data else None
-        return McpError(MISSING_CLIENT_CAPABILITY, err.message, data or {"requiredCapabilities": {}})
-    return err
+        return rounds.PlainRound(ctx=ctx, task=task, tool_name=tool.name, round_=1, given=given)
+    return await rounds.round_outcome(ctx, task, tool_name=tool.name, round_=1, given=given)
 
 
 # --- tasks (the extension) --------------------------------------------------------------------
-
-
-def task_as_seen_by(task: Task, *, principal_id: int | None,
-                    requests: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-    """``tasks/get``'s answer about ``task`` for ``principal_id`` (None: a tenant-wide reader).
-
-    The one rendering of a DetailedTask: also what ``notifications/tasks`` carries on a listen
-    (:mod:`.listen`) and the body of a webhook event (:mod:`mcptasks.webhooks`), so what a
-    listener or an endpoint receives is exactly what its principal would read. Sync: it reads
-    the pending input requests of an ``input_required`` task unless given them (``requests``,
-    as :func:`atasks_as_seen_by` reads them).
-    """
-    detailed = tasks.detailed_task(task, requests=requests)
-    if task.principal_id != principal_id:
-        # A tenant-wide reader sees the status, never the owner's elicitation text or sampling
-        # prompts (the 2025-11-25 path never binds its stream either).
-        detailed.pop("inputRequests", None)
-    if "error" in detailed:
-        detailed["error"] = era_error(McpError.from_error(detailed["error"])).to_error()
-    return detailed
-
-
-async def atasks_as_seen_by(found: list[Task], *, principal_id: int | None) -> list[dict[str, Any]]:
-    """:func:`task_as_seen_by` of each of ``found`` from async code, without a thread hop on
-    PostgreSQL: the outstanding input requests of the ``input_required`` ones are read in one
-    query (:func:`tasks.apending_requests`), then each task is rendered by the same function."""
-    waiting = [t for t in found if t.status == TaskStatus.INPUT_REQUIRED]
-    requests = await tasks.apending_requests(tasks=waiting) if waiting else {}
-    return [task_as_seen_by(t, principal_id=principal_id, requests=requests.get(t.pk, {})) for t in found]
 
 
 def _require_tasks(ctx: EraContext) -> None:
@@ -367,7 +205,7 @@ async def tasks_get(ctx: EraContext, params: TaskIdParams) -> dict[str, Any]:
     task = await _lookup(ctx, params.taskId, "tasks/get")
     (detailed,) = await atasks_as_seen_by([task], principal_id=ctx.auth.principal_id)
     if "result" in detailed:
-        await services.arecord_task_retrieval(auth=ctx.auth, task=task)
+        await auditing.arecord_task_retrieval(auth=ctx.auth, task=task)
     return detailed
 
 
@@ -391,7 +229,7 @@ async def tasks_cancel(ctx: EraContext, params: TaskIdParams) -> dict[str, Any]:
     if not task.is_terminal:
         # Ending while we cancel is the idempotent case, not an error.
         with contextlib.suppress(McpError):
-            await sync_to_async(services.cancel_task)(auth=ctx.auth, task_id=params.taskId)
+            await sync_to_async(transitions.cancel_task)(auth=ctx.auth, task_id=params.taskId)
     return era2026.complete({})
 
 
@@ -495,4 +333,7 @@ async def completion_complete(ctx: EraContext, params: CompleteParams) -> dict[s
     return era2026.complete(await legacy.completion_complete(ctx.legacy(), params))
 
 
-__all__ = ["EraContext", "ListenParams", "dispatcher"]
+__all__ = [
+    "SUPPORTED_VERSIONS", "EraContext", "ListenParams", "ListenStream", "PlainRound", "dispatcher", "server_info",
+    "task_as_seen_by",
+]

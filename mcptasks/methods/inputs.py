@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
-from ..protocol.errors import INVALID_PARAMS, McpError
+from mcptasks.protocol.errors import INVALID_PARAMS, McpError
 
 _responses: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("era2026_inputs", default=None)
 

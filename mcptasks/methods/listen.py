@@ -1,13 +1,13 @@
 """``subscriptions/listen``: what one listen stream agreed to, and what it sends.
 
-A listen is an SSE response the consumer keeps open (``McpConsumer.start_listen``). Its task
+A listen is an SSE response the consumer keeps open (``mcptasks.endpoint.listen_feed``). Its task
 notifications ride on the same mechanism as a 2025-11-25 ``tasks/result`` stream: the consumer
-joins each acknowledged task's group (:func:`mcptasks.bus.task_group`), the ``task.signal``
+joins each acknowledged task's group (:func:`mcptasks.streams.signals.task_group`), the ``task.signal``
 that any process (web or worker) sends on a change wakes it, and while the channel layer fails
 the consumer's fallback poll and its periodic re-check read the store instead. On every wake-up
-this module re-reads the tasks (one read per wake-up, :func:`mcptasks.selectors.alive_tasks`) and
-re-renders them with :func:`mcptasks.era2026.handlers.task_as_seen_by`, the function ``tasks/get``
-answers with (both through :func:`~mcptasks.era2026.handlers.atasks_as_seen_by`), and hands back
+this module re-reads the tasks (one read per wake-up, :func:`mcptasks.tasks.selectors.alive_tasks`) and
+re-renders them with :func:`mcptasks.tasks.era2026_view.task_as_seen_by`, the function ``tasks/get``
+answers with (both through :func:`~mcptasks.tasks.era2026_view.atasks_as_seen_by`), and hands back
 only the ones that changed since they were last sent.
 
 Only ``notifications/tasks`` is ever sent for a task: never progress or log messages.
@@ -23,14 +23,14 @@ from typing import Any
 
 from django.utils import timezone
 
+from mcptasks.audit import watch
+from mcptasks.methods.implementation import server_info
+from mcptasks.protocol import jsonrpc, sse
+from mcptasks.protocol.era2026 import COMPLETE, META_SERVER_INFO, META_SUBSCRIPTION_ID
+from mcptasks.protocol.messages import TASK_ID_PATTERN
+from mcptasks.tasks import auditing, selectors
+from mcptasks.tasks.era2026_view import atasks_as_seen_by
 from tenants.auth import AuthContext
-
-from .. import selectors, services, watch
-from ..protocol import jsonrpc
-from ..protocol.era2026 import COMPLETE, META_SERVER_INFO, META_SUBSCRIPTION_ID
-from ..protocol.messages import TASK_ID_PATTERN
-from ..transport import sse
-from . import handlers
 
 _TASK_ID_RE = re.compile(TASK_ID_PATTERN)
 
@@ -76,14 +76,14 @@ class Listen:
 
     def acknowledgement(self) -> bytes:
         """``notifications/subscriptions/acknowledged``: the first message of the stream."""
-        return _frame({"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
-                       "params": {"notifications": self.agreed, "_meta": self._meta()}})
+        return _frame(jsonrpc.notification("notifications/subscriptions/acknowledged",
+                                           {"notifications": self.agreed, "_meta": self._meta()}))
 
     def ending(self) -> bytes:
         """The ``SubscriptionsListenResult`` that ends the stream gracefully (shutdown, lifetime bound)."""
         return _frame(jsonrpc.response(self.request_id, {
             "resultType": COMPLETE,
-            "_meta": {**self._meta(), META_SERVER_INFO: handlers.server_info()},
+            "_meta": {**self._meta(), META_SERVER_INFO: server_info()},
         }))
 
     async def changes(self, task_ids: list[str] | None = None) -> list[bytes]:
@@ -94,7 +94,7 @@ class Listen:
         # One read for every task of the wake-up, and the tasks/get rendering, with no thread
         # hop on PostgreSQL: this is the listen's whole latency budget on the web side.
         found = await selectors.alive_tasks(auth=self.auth, task_ids=ids)
-        rendered_views = await handlers.atasks_as_seen_by(found, principal_id=self.auth.principal_id)
+        rendered_views = await atasks_as_seen_by(found, principal_id=self.auth.principal_id)
         views = {task.task_id: (task, view) for task, view in zip(found, rendered_views, strict=True)}
         frames = []
         for task_id in ids:
@@ -109,7 +109,6 @@ class Listen:
             self.sent[task_id] = rendered
             if "result" in params:
                 # Delivering an outcome is a retrieval, audited as tasks/get's is.
-                await services.arecord_task_retrieval(auth=self.auth, task=task)
-            frames.append(_frame({"jsonrpc": "2.0", "method": "notifications/tasks",
-                                  "params": {**params, "_meta": self._meta()}}))
+                await auditing.arecord_task_retrieval(auth=self.auth, task=task)
+            frames.append(_frame(jsonrpc.notification("notifications/tasks", {**params, "_meta": self._meta()})))
         return frames

@@ -13,11 +13,10 @@ from dataclasses import dataclass
 
 from django.core import signing
 
+from mcptasks.protocol.errors import invalid_params
 from tenants.auth import AuthContext
 
-from ..protocol.errors import invalid_params
-
-_SALT = "mcptasks.era2026.requestState"
+_SALT = "mcptasks.methods.era2026.requestState"
 #: How long a round may wait for the client's answer (as long as the run behind it waits,
 #: ``tasks.PLAIN_RUN_TTL_S``).
 MAX_AGE_S = 600

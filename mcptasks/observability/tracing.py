@@ -1,4 +1,4 @@
-"""Traces (OpenTelemetry) and structured logs, for every process role.
+"""Traces (OpenTelemetry), for every process role.
 
 **Traces** are off unless ``OTEL_TRACES_EXPORTER`` names an exporter (``console``, ``otlp``, or
 any ``opentelemetry_traces_exporter`` entry point); the other standard ``OTEL_*`` variables
@@ -14,26 +14,24 @@ worker's claim, run and outcome spans and a later ``tasks/result`` join the crea
 trace, in whatever process they run. Span attributes name the tenant, the principal (a keyed
 hash, never its name or a token), the tool and the task id.
 
-**Logs**: ``MCPTASKS_LOG_FORMAT=json`` writes one JSON object per line with the request id,
-tenant, task id and trace id that the request pipeline and the worker bind
-(:func:`bind_log`); messages are clipped and anything that looks like a credential is redacted.
+Log lines (:mod:`mcptasks.observability.logs`) carry the trace id of the current span once
+:func:`setup_tracing` has turned traces on.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import datetime as dt
 import hashlib
 import hmac
-import json
 import logging
 import os
 import re
-import secrets
 import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
+
+from mcptasks.observability import logs
+from mcptasks.observability.logs import bind_log, clip
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +122,7 @@ def setup_tracing(role: str) -> bool:
     PsycopgInstrumentor().instrument()
     RedisInstrumentor().instrument()
     _tracer = trace.get_tracer("mcptasks")
+    logs.current_trace_id = _current_trace_id
     TRACING = True
     logger.info("OpenTelemetry traces on (%s, role %s)", os.environ.get("OTEL_TRACES_EXPORTER"), role)
     return True
@@ -184,6 +183,18 @@ def current_traceparent() -> str:
     return f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{int(sc.trace_flags):02x}"
 
 
+def _current_trace_id() -> str | None:
+    """The trace id of the current span, for log lines (tracing is on when this is installed)."""
+    from opentelemetry import trace
+
+    sc = trace.get_current_span().get_span_context()
+    return f"{sc.trace_id:032x}" if sc.is_valid else None
+
+
+def _trace_id_of(traceparent: str | None) -> str | None:
+    return traceparent[3:35] if traceparent and valid_traceparent(traceparent) else None
+
+
 def _auth_attributes(auth: Any) -> dict[str, Any]:
     if auth is None:
         return {}
@@ -241,7 +252,7 @@ def _failed(span: Any, exc: BaseException) -> None:
 
 def note_task(span: Any, result: Any) -> None:
     """Name the task a request created or streams (its handler's ``result``) on its span and log lines."""
-    if not (TRACING or JSON_LOGS):
+    if not (TRACING or logs.JSON_LOGS):
         return
     task = getattr(result, "task", None)
     if task is not None:
@@ -252,7 +263,7 @@ def note_task(span: Any, result: Any) -> None:
         task_id = result.get("taskId")  # MCP 2026-07-28: the task is the result
     else:
         return
-    if JSON_LOGS:
+    if logs.JSON_LOGS:
         bind_log(task_id=task_id)
     if span is not None and isinstance(task_id, str):
         span.set_attribute("mcptasks.task_id", task_id)
@@ -303,12 +314,12 @@ def _task_span(task: Any, name: str, *, link_current: bool, **attributes: Any) -
 
 def task_run(task: Any, *, worker_id: str) -> contextlib.AbstractContextManager[Any]:
     """Around a worker's run of ``task``: its log context, and the claim and run spans."""
-    return _task_run(task, worker_id=worker_id) if TRACING or JSON_LOGS else _OFF
+    return _task_run(task, worker_id=worker_id) if TRACING or logs.JSON_LOGS else _OFF
 
 
 @contextlib.contextmanager
 def _task_run(task: Any, *, worker_id: str) -> Iterator[None]:
-    token = _log_ctx.set({
+    token = logs.log_context.set({
         "tenant": str(getattr(task, "tenant_slug", None) or task.tenant_id),
         "task_id": task.task_id,
         "trace_id": _trace_id_of(task.traceparent),
@@ -323,7 +334,7 @@ def _task_run(task: Any, *, worker_id: str) -> Iterator[None]:
         with task_span(task, f"mcptasks.task.run {task.tool_name}"[:_SPAN_NAMES], **attrs):
             yield
     finally:
-        _log_ctx.reset(token)
+        logs.log_context.reset(token)
 
 
 def span(name: str, *, task: Any = None, **attributes: Any) -> contextlib.AbstractContextManager[Any]:
@@ -337,101 +348,3 @@ def _span(name: str, *, task: Any, **attributes: Any) -> Iterator[Any]:
         attributes = {**_task_attributes(task), **attributes}
     with _tracer.start_as_current_span(name, attributes=attributes) as s:
         yield s
-
-
-# --- structured logs ---------------------------------------------------------------------------
-
-_log_ctx: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("mcptasks_log", default=None)
-
-#: Set by settings.py from ``MCPTASKS_LOG_FORMAT``: whether the pipeline binds log context.
-JSON_LOGS = False
-MESSAGE_MAX_CHARS = 2000
-EXCEPTION_MAX_CHARS = 8000
-FIELD_MAX_CHARS = 128
-
-#: Credentials a message might carry however it got there: bearer values, JWTs, and the usual
-#: OAuth/form parameters. Redacted in JSON lines before anything is written.
-_SECRETS = [
-    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9\-._~+/=]+"), r"\1 [redacted]"),
-    (re.compile(r"\beyJ[A-Za-z0-9_-]*\.[A-Za-z0-9_-]*\.[A-Za-z0-9_-]*"), "[redacted-jwt]"),
-    (
-        re.compile(
-            r"(?i)\b(access_token|refresh_token|id_token|client_secret|code_verifier|password|token|code)"
-            r"(\"?\s*[=:]\s*\"?)[^\s&\"',;]+"
-        ),
-        r"\1\2[redacted]",
-    ),
-]
-
-
-def bind_log(**fields: Any) -> None:
-    """Add fields (``request_id``, ``tenant``, ``task_id``, ``trace_id``) to this context's log lines."""
-    current = _log_ctx.get()
-    _log_ctx.set({**(current or {}), **fields})
-
-
-def start_request_log() -> None:
-    """A new request: a fresh request id for its log lines (when JSON logs are on)."""
-    if JSON_LOGS:
-        _log_ctx.set({"request_id": secrets.token_hex(8)})
-
-
-def _trace_id_of(traceparent: str | None) -> str | None:
-    return traceparent[3:35] if traceparent and valid_traceparent(traceparent) else None
-
-
-def clip(text: str, limit: int) -> str:
-    """``text`` cut to ``limit`` characters, saying how much was cut."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}…[{len(text) - limit} more chars]"
-
-
-def redact(text: str) -> str:
-    """``text`` with anything that looks like a credential replaced."""
-    for pattern, repl in _SECRETS:
-        text = pattern.sub(repl, text)
-    return text
-
-
-def _current_trace_id() -> str | None:
-    if TRACING:
-        from opentelemetry import trace
-
-        sc = trace.get_current_span().get_span_context()
-        if sc.is_valid:
-            return f"{sc.trace_id:032x}"
-    return None
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message and the bound context.
-
-    ``request_id``, ``tenant``, ``task_id`` and ``trace_id`` are on every line (null where no
-    request or task is in scope). Messages are redacted, then clipped (client strings included),
-    so a line is always bounded and never carries a credential.
-    """
-
-    def format(self, record: logging.LogRecord) -> str:
-        ctx = _log_ctx.get() or {}
-        try:
-            message = record.getMessage()
-        except Exception:  # a bad format string must not lose the line
-            message = f"{record.msg!r} {record.args!r}"
-        out: dict[str, Any] = {
-            "ts": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": clip(redact(message), MESSAGE_MAX_CHARS),
-            "request_id": ctx.get("request_id"),
-            "tenant": _field(ctx.get("tenant")),
-            "task_id": _field(ctx.get("task_id")),
-            "trace_id": _current_trace_id() or ctx.get("trace_id"),
-        }
-        if record.exc_info:
-            out["exc"] = clip(redact(self.formatException(record.exc_info)), EXCEPTION_MAX_CHARS)
-        return json.dumps(out, default=str)
-
-
-def _field(value: Any) -> str | None:
-    return None if value is None else clip(str(value), FIELD_MAX_CHARS)

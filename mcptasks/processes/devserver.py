@@ -9,9 +9,8 @@ from pathlib import Path
 
 from django.conf import settings
 
+from mcptasks import conf
 from tenants import conf as tenant_conf
-
-from . import conf
 
 INIT_BODY = (
     '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25",'

@@ -22,7 +22,10 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
-from . import audit, bus, conf, services
+from mcptasks import conf
+from mcptasks.audit.housekeeping import housekeep
+from mcptasks.streams import signals
+from mcptasks.tasks import cleanup
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +72,7 @@ class EmbeddedRuntime:
         if not self.started and scope.get("type") in ("http", "lifespan"):
             self.started = True
             bound_default_executor(asyncio.get_running_loop())
-            bus.serve_on(asyncio.get_running_loop())
+            signals.serve_on(asyncio.get_running_loop())
             self.start()
         await self.app(scope, receive, send)
 
@@ -77,7 +80,7 @@ class EmbeddedRuntime:
         """Launch the embedded worker (if enabled), the cleanup loop and the audit sealer."""
         settings = conf.get()
         if settings.EMBEDDED_WORKER:
-            from .worker import Worker
+            from mcptasks.worker.loop import Worker
 
             self.worker = Worker(run_cleanup=False)
             self._worker_stop = asyncio.Event()
@@ -85,10 +88,10 @@ class EmbeddedRuntime:
             self._tasks.append(self._worker_run)
             logger.info("embedded worker started")
         self._tasks.append(asyncio.ensure_future(
-            self._every(lambda: conf.get().CLEANUP_INTERVAL_S, services.cleanup_expired, "periodic cleanup")))
+            self._every(lambda: conf.get().CLEANUP_INTERVAL_S, cleanup.cleanup_expired, "periodic cleanup")))
         # Any process may seal; the sealer's own lock lets one at a time do it.
         self._tasks.append(asyncio.ensure_future(
-            self._every(lambda: conf.get().AUDIT_SEAL_INTERVAL_S, audit.housekeep, "sealing the audit log")))
+            self._every(lambda: conf.get().AUDIT_SEAL_INTERVAL_S, housekeep, "sealing the audit log")))
         self._install_shutdown_hook()
 
     def _install_shutdown_hook(self) -> None:
@@ -142,13 +145,13 @@ class EmbeddedRuntime:
             self.announce(f"shutdown: handed back {handed} task(s); {running - handed} finished within the grace")
 
     async def _graceful_stop(self, previous: Any, signum: int, frame: Any) -> None:
-        from .transport.consumer import close_all_streams
+        from mcptasks.endpoint.stream_session import close_all_streams
 
         await self._drain_worker()
         try:
             closed = await asyncio.wait_for(close_all_streams(), timeout=2)
             logger.info("shutdown: closed %d open stream(s) with a retry hint", closed)
-            await bus.flush(within_s=1)  # signals of the last writes go out before the loop stops
+            await signals.flush(within_s=1)  # signals of the last writes go out before the loop stops
             await asyncio.sleep(0.1)  # let the transport flush the final chunks
         except Exception:
             logger.warning("closing streams at shutdown failed", exc_info=True)

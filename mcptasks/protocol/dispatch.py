@@ -13,8 +13,8 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from .errors import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, McpError
-from .jsonrpc import validation_details
+from mcptasks.protocol.errors import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, McpError
+from mcptasks.protocol.jsonrpc import validation_details
 
 logger = logging.getLogger(__name__)
 
@@ -74,10 +74,8 @@ class Route:
 class Dispatcher(Generic[CtxT]):
     """Maps method names to handlers and turns every failure into an :class:`McpError`."""
 
-    def __init__(self, *, passthrough: tuple[type[Exception], ...] = ()) -> None:
+    def __init__(self) -> None:
         self._routes: dict[str, Route] = {}
-        # Exceptions the transport answers itself (e.g. "database unavailable": 503, retry).
-        self.passthrough = passthrough
 
     def register(
         self,
@@ -125,9 +123,12 @@ class Dispatcher(Generic[CtxT]):
             raise McpError(INVALID_PARAMS, f"Invalid params for {method}", validation_details(exc)) from None
         return route, model
 
-    async def dispatch(self, ctx: CtxT, method: str, params: dict[str, Any] | None) -> Any:
+    async def dispatch(self, ctx: CtxT, method: str, params: dict[str, Any] | None, *,
+                       passthrough: tuple[type[Exception], ...] = ()) -> Any:
         """Run the handler for ``method``; any non-McpError exception becomes -32603.
 
+        ``passthrough``: exceptions the caller (the transport) answers itself, e.g. "database
+        unavailable" (503, retry); the method tables do not know the transport's error table.
         Returns the handler's result: a result dict, or whatever deferred-reply object the
         transport and the handler agree on (``StreamReply`` here).
         """
@@ -137,7 +138,7 @@ class Dispatcher(Generic[CtxT]):
         except McpError:
             raise
         except Exception as exc:
-            if isinstance(exc, self.passthrough):
+            if isinstance(exc, passthrough):
                 raise
             # Logged with the traceback here; the peer only learns that it failed.
             logger.exception("handler for %s crashed", method)

@@ -11,7 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from .messages import TASK_ID_PATTERN, Implementation
+from mcptasks.protocol.errors import CAPABILITY_MISSING, MISSING_CLIENT_CAPABILITY, McpError
+from mcptasks.protocol.messages import TASK_ID_PATTERN, Implementation
 
 #: The revision this module models.
 VERSION = "2026-07-28"
@@ -151,3 +152,11 @@ def task_wire(
     if poll_interval_ms is not None:
         out["pollIntervalMs"] = poll_interval_ms
     return out
+
+
+def era_error(err: McpError) -> McpError:
+    """A stored error as this era words it (the engine's missing-capability code is -32021 here)."""
+    if err.code == CAPABILITY_MISSING:
+        data = err.data if isinstance(err.data, dict) and "requiredCapabilities" in err.data else None
+        return McpError(MISSING_CLIENT_CAPABILITY, err.message, data or {"requiredCapabilities": {}})
+    return err

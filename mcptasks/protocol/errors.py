@@ -60,3 +60,8 @@ class McpError(Exception):
 def invalid_params(message: str, data: Any = None) -> McpError:
     """Shorthand for a -32602 error."""
     return McpError(INVALID_PARAMS, message, data)
+
+
+def payload_too_large(limit: int) -> McpError:
+    """The refusal of a body over ``limit`` bytes (HTTP 413), wherever the limit is enforced."""
+    return McpError(INVALID_REQUEST, f"Payload Too Large: the limit is {limit} bytes")

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
 
-from .errors import INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR, McpError
+from mcptasks.protocol.errors import INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR, McpError, payload_too_large
 
 RequestId = StrictStr | StrictInt
 
@@ -201,3 +201,18 @@ def request(rid: str | int, method: str, params: dict[str, Any] | None = None) -
     if params is not None:
         msg["params"] = params
     return msg
+
+
+def with_id(message: dict[str, Any], rid: str | int | None) -> dict[str, Any]:
+    """``message`` (an error response built without an id) as the answer to request ``rid``."""
+    return {**message, "id": rid}
+
+
+def encode(message: Any) -> str:
+    """A message as compact JSON text: what every response body and SSE event of the server carries."""
+    return json.dumps(message, separators=(",", ":"))
+
+
+def payload_too_large_body(limit: int) -> bytes:
+    """The JSON body of a 413 (no request id: the body was not read), wherever the limit is enforced."""
+    return encode(error_response(None, payload_too_large(limit))).encode()

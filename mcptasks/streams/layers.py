@@ -25,7 +25,8 @@ from typing import Any, Protocol
 
 from channels_redis.core import RedisChannelLayer as _BaseRedisChannelLayer
 
-from tenants import kv, redis_url
+from tenants import kv
+from tenants.infra import redis_pools
 from tenants.kv import Breaker
 
 logger = logging.getLogger(__name__)
@@ -194,11 +195,11 @@ class RedisChannelLayer(_BaseRedisChannelLayer):
         """A blocking pool for host ``index`` (the host dict carries socket options).
 
         ``address`` may be any supported ``REDIS_URL``: a ``redis+sentinel://`` one gives a
-        Sentinel-managed pool that follows the primary through a failover (see tenants.redis_url).
+        Sentinel-managed pool that follows the primary through a failover (see tenants.infra.redis_sentinel).
         """
         host = dict(self.hosts[index])
         address = host.pop("address")
-        return redis_url.async_pool(address, max_connections=self.pool_size, timeout=self.pool_timeout, **host)
+        return redis_pools.async_pool(address, max_connections=self.pool_size, timeout=self.pool_timeout, **host)
 
     async def _clean_receive_backup(self, index: int, channel: str) -> None:
         """channels-redis's fire-and-forget clean-up after a receive, with its failure handled.

@@ -1,10 +1,7 @@
-"""Signed webhooks for task events: a transactional outbox and the workers' delivery loop.
+"""Signed webhooks for task events: the workers' delivery loop.
 
-:func:`enqueue` runs inside the transaction that changes a task's status (``services.transition``
-and ``services.finish_runs``): one :class:`~mcptasks.models.WebhookDelivery` row per matching
-endpoint, so a committed transition always has its deliveries and a rolled-back one has none.
-A tenant without endpoints costs one indexed query.
-
+The rows are written by the outbox (:mod:`mcptasks.tasks.webhook_outbox`) in the transaction
+that changes a task's status.
 Workers (:class:`WebhookSender`) claim due rows with ``FOR UPDATE SKIP LOCKED`` and a lease,
 in order per task and endpoint (an event waits until the task's earlier events for that
 endpoint are delivered or given up), at most ``WEBHOOK_CONCURRENCY_PER_ENDPOINT`` in flight per
@@ -38,63 +35,19 @@ from django.db.models.functions import RowNumber
 from django.utils import timezone
 from standardwebhooks.webhooks import Webhook
 
+from mcptasks import conf
+from mcptasks.audit import trail as audit
+from mcptasks.models import WebhookDelivery
 from tenants.models import WebhookEndpoint
 from tenants.outbound import build_opener
-
-from . import audit, conf
-from .models import Task, WebhookDelivery, _iso
 
 logger = logging.getLogger(__name__)
 
 #: Advisory lock serialising claims, so the per-endpoint in-flight count cannot be overshot.
-CLAIM_LOCK_KEY = zlib.crc32(b"mcptasks.webhooks.claim") - 2**31
+CLAIM_LOCK_KEY = zlib.crc32(b"mcptasks.streams.webhooks.claim") - 2**31
 #: Bytes of a receiver's response kept for operators.
 EXCERPT_BYTES = 200
 USER_AGENT = "mcptasks-webhooks/1"
-
-
-# --- the outbox ------------------------------------------------------------------------------
-
-
-def enqueue(tasks: list[Task], *, now: dt.datetime | None = None) -> int:
-    """Write the deliveries of ``tasks``' new statuses; call inside the transition's transaction.
-
-    ``tasks`` carry their new status in memory. Plain requests (``kind=request``) have no events.
-    Returns the rows written.
-    """
-    tasks = [t for t in tasks if t.kind == Task.Kind.TASK]
-    if not tasks:
-        return 0
-    endpoints = list(
-        WebhookEndpoint.objects.filter(tenant_id__in={t.tenant_id for t in tasks}, enabled=True)
-        .values("pk", "tenant_id", "tenant__slug", "principal_id", "events")
-    )
-    if not endpoints:
-        return 0
-    from .era2026.handlers import task_as_seen_by
-    from .era2026.tasks import wire_status
-
-    now = now or timezone.now()
-    rows = []
-    for task in tasks:
-        event = f"task.{wire_status(task)}"
-        # At most two bodies per event: the owner's view and a tenant-wide reader's (no inputRequests).
-        bodies: dict[int | None, dict[str, Any]] = {}
-        for ep in endpoints:
-            if ep["tenant_id"] != task.tenant_id or event not in (ep["events"] or []):
-                continue
-            if ep["principal_id"] is not None and ep["principal_id"] != task.principal_id:
-                continue
-            viewer = ep["principal_id"]
-            if viewer not in bodies:
-                # Rendered now: the body shows the task as of this event, not as of delivery.
-                bodies[viewer] = {"type": event, "timestamp": _iso(now), "tenant": ep["tenant__slug"],
-                                  "data": task_as_seen_by(task, principal_id=viewer)}
-            rows.append(WebhookDelivery(endpoint_id=ep["pk"], tenant_id=task.tenant_id, task_id=task.task_id,
-                                        event=event, payload=bodies[viewer], created_at=now, next_attempt_at=now))
-    if rows:
-        WebhookDelivery.objects.bulk_create(rows)
-    return len(rows)
 
 
 # --- claiming --------------------------------------------------------------------------------
@@ -111,6 +64,10 @@ def claim(*, worker_id: str, limit: int, now: dt.datetime | None = None) -> list
         return []
     s = conf.get()
     now = now or timezone.now()
+    if not WebhookDelivery.objects.filter(state=WebhookDelivery.State.PENDING, next_attempt_at__lte=now).exists():
+        # The common case (no delivery due, often no endpoint at all): one read of the partial
+        # index instead of a transaction, the claim lock and the ranked query on every poll.
+        return []
     on_pg = connection.vendor == "postgresql"
     with transaction.atomic():
         if on_pg:

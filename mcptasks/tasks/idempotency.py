@@ -11,7 +11,7 @@ twice. Two ways to say "this is the same creation", both scoped to the tenant an
 
 Only a hash of either is stored (``Task.idempotency_key``); a unique constraint on (tenant,
 principal, key) makes concurrent duplicates safe: the second insert waits for the first to
-commit, fails, and the caller returns the stored task (:func:`mcptasks.services.create_task`).
+commit, fails, and the caller returns the stored task (:func:`mcptasks.tasks.creation.create_task`).
 A key reused for another tool or other arguments is refused (-32602), not silently answered
 with an unrelated task. Once the task is deleted (its ttl), the key may create a new one.
 """
@@ -22,7 +22,7 @@ import hashlib
 import json
 from typing import Any
 
-from .protocol.errors import INVALID_PARAMS, McpError
+from mcptasks.protocol.errors import INVALID_PARAMS, McpError
 
 #: The ``_meta`` key a client sets to make a creation idempotent.
 META_KEY = "io.mcptasks/idempotencyKey"

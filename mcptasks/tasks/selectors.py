@@ -9,14 +9,14 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.core import signing
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from mcptasks import conf
+from mcptasks.db import async_sql as fastreads
+from mcptasks.models import McpSession, StreamEvent, Task, TaskMessage, WorkerHeartbeat
+from mcptasks.protocol.errors import INVALID_PARAMS, TASK_EXPIRED, TASK_NOT_FOUND, McpError, invalid_params
 from tenants.auth import AuthContext
-
-from . import conf, fastreads
-from .models import McpSession, Task, TaskMessage, WorkerHeartbeat
-from .protocol.errors import INVALID_PARAMS, TASK_EXPIRED, TASK_NOT_FOUND, McpError, invalid_params
 
 _CURSOR_SALT = "mcptasks.tasks.list"
 
@@ -75,6 +75,17 @@ _TASK_COLUMNS = {f.attname: f.column for f in Task._meta.concrete_fields}
 def get_task(*, auth: AuthContext, task_id: str, now: dt.datetime | None = None) -> Task:
     """The caller's task or -32602 (not found, someone else's, or expired)."""
     return _visible_task(_task_queryset(auth=auth).filter(task_id=task_id).first(), now=now)
+
+
+def get_run(*, auth: AuthContext, task_id: str, kind: str) -> Task:
+    """The caller's own task or plain run, or -32602 (missing, someone else's, expired).
+
+    Unlike :func:`get_task` this also finds plain runs (``kind=request``), which only their
+    principal ever continues, so it is always scoped to the principal (2026-07-28 rounds).
+    """
+    return _visible_task(Task.objects.filter(
+        task_id=task_id, kind=kind, tenant_id=auth.tenant_id, principal_id=auth.principal_id
+    ).first())
 
 
 #: Fields a task's status (``Task.wire()``) never reads: not loaded by ``aget_task(status_only=True)``.
@@ -234,9 +245,46 @@ def _decode_cursor(cursor: str, *, auth: AuthContext) -> int:
     return int(data["s"])
 
 
+def pending_input(*, task_ids: list[int]) -> QuerySet[TaskMessage]:
+    """The input requests (server->client requests) of the tasks ``task_ids`` (pks) that the
+    client has not answered yet, oldest first per task: the one definition of "pending input"."""
+    return TaskMessage.objects.filter(task_id__in=task_ids, answered_at__isnull=True).order_by("task_id", "id")
+
+
+async def apending_input(*, task_ids: list[int]) -> list[TaskMessage]:
+    """:func:`pending_input` from async code: no thread hop on PostgreSQL (see fastreads).
+
+    Only committed rows are read on the fast path; the ORM in a thread otherwise, or while that
+    path fails.
+    """
+    if not task_ids:
+        return []
+    if fastreads.available():
+        with contextlib.suppress(fastreads.Unavailable):
+            return await fastreads.fetch_many(
+                TaskMessage, where=['"task_id" = ANY(%s)', '"answered_at" IS NULL'], params=[task_ids],
+                order_by='"task_id", "id"', limit=_ALL_ROWS)
+    return await sync_to_async(lambda: list(pending_input(task_ids=task_ids)))()
+
+
+#: "Every row" for a fast read that needs a limit (a task's outstanding requests are few).
+_ALL_ROWS = 2**31 - 1
+
+
 def pending_messages(*, task: Task) -> list[TaskMessage]:
-    """Server->client requests of a task that the client has not answered yet."""
-    return list(TaskMessage.objects.filter(task=task, answered_at__isnull=True).order_by("id"))
+    """Server->client requests of a task that the client has not answered yet (oldest first)."""
+    return list(pending_input(task_ids=[task.pk]))
+
+
+def message_answer(*, message_pk: int) -> Any:
+    """``{"response", "answered_at"}`` of one input request (None: it was dropped with its task's
+    run); what a tool waiting for its client polls."""
+    return TaskMessage.objects.filter(pk=message_pk).values("response", "answered_at").first()
+
+
+def session_of(*, task: Task) -> McpSession | None:
+    """The session a task was created in (None: ended and cleaned up, or enqueued without one)."""
+    return McpSession.objects.filter(pk=task.session_id).first()
 
 
 def task_by_request(*, session_id: str, request_id: Any) -> Task | None:
@@ -254,7 +302,7 @@ def task_by_request(*, session_id: str, request_id: Any) -> Task | None:
 REFUSAL_ACTIONS = (
     "auth.failed", "auth.scope_refused", "ratelimit.refused", "quota.refused", "task.lookup_failed",
     "task.cross_tenant", "oauth.invalid_scope", "oauth.not_member", "login.throttled",
-    # How many refusals the audit throttle counted instead of writing (mcptasks.watch).
+    # How many refusals the audit throttle counted instead of writing (mcptasks.audit.watch).
     "audit.suppressed",
 )
 
@@ -267,3 +315,33 @@ def worker_is_alive(worker: WorkerHeartbeat, *, now: dt.datetime) -> bool:
 def alive_workers(*, now: dt.datetime) -> Any:
     """Workers whose heartbeat is within one lease."""
     return WorkerHeartbeat.objects.filter(last_seen_at__gte=now - dt.timedelta(seconds=conf.get().WORKER_LEASE_S))
+
+
+# --- stream reads of the HTTP layer (added for mcptasks.endpoint, which holds no ORM) -------------
+
+
+def stream_events_after(*, stream_id: str, after: int) -> list[StreamEvent]:
+    """The stored events of ``stream_id`` past sequence number ``after``, in order (gap replay)."""
+    return list(StreamEvent.objects.filter(stream_id=stream_id, seq__gt=after).order_by("seq"))
+
+
+def stream_of_session(*, session_id: str, stream_id: str) -> bool:
+    """Whether ``stream_id`` carried events of session ``session_id`` or answers one of its tasks.
+
+    What a ``Last-Event-ID`` may resume besides a bound stream and the session's GET stream
+    (the caller checks those first: no query).
+    """
+    return (
+        StreamEvent.objects.filter(stream_id=stream_id, session_id=session_id).exists()
+        or Task.objects.filter(stream_id=stream_id, session_id=session_id).exists()
+    )
+
+
+def session_task(*, session_id: str, task_id: str) -> Task | None:
+    """The task ``task_id`` of session ``session_id`` (a resumed ``tasks/result`` stream's), or None."""
+    return Task.objects.filter(task_id=task_id, session_id=session_id).first()
+
+
+def reread_task(*, task: Task) -> Task | None:
+    """``task``'s row as it is now (a blocking ``tasks/result`` re-checks it), or None once deleted."""
+    return Task.objects.filter(pk=task.pk).first()

@@ -1,6 +1,6 @@
 """Create many task rows at once (throughput tests and benchmarks; not an MCP code path).
 
-Rows are what ``services.create_task`` writes for the anonymous principal of the default
+Rows are what ``creation.create_task`` writes for the anonymous principal of the default
 tenant, created with ``bulk_create`` in batches, with the quota counters raised to match and
 one worker wake-up per batch once it is committed.
 """
@@ -15,9 +15,10 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from mcptasks import bus, conf
+from mcptasks import conf
 from mcptasks.models import Task, TaskStatus
-from mcptasks.registry import registry
+from mcptasks.streams import signals
+from mcptasks.tools.registry import registry
 from tenants import quotas
 from tenants.models import Principal, Tenant
 from tenants.services import anonymous_principal, default_tenant
@@ -60,6 +61,6 @@ def enqueue(*, tool_name: str, arguments: list[dict[str, Any]], session_id: str 
                 Principal.objects.filter(pk=principal.pk).update(active_tasks=F("active_tasks") + len(rows))
             if committed is not None:
                 transaction.on_commit(committed)
-            transaction.on_commit(bus.wake_workers)
+            transaction.on_commit(signals.wake_workers)
         ids.extend(r.task_id for r in rows)
     return ids

@@ -8,9 +8,8 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from mcptasks.registry import SyncToolContext, ToolContext, ToolResult, resource, text, tool
-
-from .models import RunRecord
+from mcptasks.testing.models import RunRecord
+from mcptasks.tools.registry import SyncToolContext, ToolContext, ToolResult, resource, text, tool
 
 
 def _record(task_key: str, attempt: int, event: str) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from tests.support.client import McpClient, SseEvent
+from tests.support.client import McpClient, SseEvent, cut
 from tests.support.servers import Proc, Stack
 
 RELATED = "io.modelcontextprotocol/related-task"
@@ -75,6 +75,7 @@ class Listener:
     status: int | None = None
     error: BaseException | None = None
     stop_flag: bool = False
+    response: httpx.Response | None = None
 
     def start(self) -> Listener:
         threading.Thread(target=self._run, daemon=True).start()
@@ -87,13 +88,16 @@ class Listener:
 
     def _run(self) -> None:
         try:
-            reply = self.client.listen(self._on_event, last_event_id=self.last_event_id)
+            reply = self.client.listen(self._on_event, last_event_id=self.last_event_id, on_open=self._opened)
             self.status = reply.status
         except (httpx.HTTPError, RuntimeError) as exc:
             self.error = exc
         finally:
             self.primed.set()
             self.done.set()
+
+    def _opened(self, resp: httpx.Response) -> None:
+        self.response = resp
 
     def wait_primed(self, timeout: float = 15) -> None:
         assert self.primed.wait(timeout), "the GET stream never sent its priming event"
@@ -104,6 +108,8 @@ class Listener:
 
     def abort(self) -> None:
         self.stop_flag = True
+        if self.response is not None:
+            cut(self.response)
         self.client.http.close()
 
     @property

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from mcptasks.idempotency import META_KEY
+from mcptasks.tasks.idempotency import META_KEY
 from tests.support.client import McpClient
 from tests.support.servers import Proc, Stack
 

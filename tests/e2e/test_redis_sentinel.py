@@ -14,7 +14,6 @@ import statistics
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,14 +32,6 @@ MAX_LOG_LINES_PER_FAILOVER = 12
 #: A run starting this soon after its creation was woken up (the worker's poll is 30 s here;
 #: generous for a loaded 2-core machine).
 WOKEN_S = 1.0
-
-
-@pytest.fixture(scope="module")
-def sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateSentinel]:
-    s = PrivateSentinel(Path(tmp_path_factory.mktemp("sentinel")))
-    s.start()
-    yield s
-    s.stop()
 
 
 @pytest.fixture(scope="module")

@@ -162,7 +162,7 @@ def test_a_shutdown_stuck_behind_a_tool_thread_is_forced() -> None:
     """A process whose only work left is a sync tool thread (already handed back) does not wait
     for it: the shutdown watchdog ends it (CI: `serve` waited a minute for such a thread)."""
     code = (
-        "import django, threading, time; django.setup(); from mcptasks import runtime; "
+        "import django, threading, time; django.setup(); from mcptasks.processes import embedded as runtime; "
         "threading.Thread(target=time.sleep, args=(60,)).start(); "
         "w = threading.Timer(0.5, runtime._force_exit); w.daemon = True; w.start()"
     )

@@ -13,11 +13,10 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.test_tasks_spec import NO_BACKSTOP, in_background, wait_status
 from tests.support.client import McpClient, SseEvent
 from tests.support.requirements import require_multiprocess
 from tests.support.servers import Proc, Stack
-
-from .test_tasks_spec import NO_BACKSTOP, in_background, wait_status
 
 
 @pytest.fixture(scope="module")

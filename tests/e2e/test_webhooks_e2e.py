@@ -16,13 +16,12 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.test_worker_multiprocess import sql
 from tests.support.client2026 import Client2026
 from tests.support.requirements import require_multiprocess
 from tests.support.servers import make_stack
 from tests.support.waiting import wait_for
 from tests.support.webhook_receiver import Receiver
-
-from .test_worker_multiprocess import sql
 
 BULK = 200
 ASKED = 20

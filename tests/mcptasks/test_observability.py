@@ -53,7 +53,7 @@ def test_json_line_carries_the_bound_context() -> None:
 
 
 def test_task_run_binds_task_and_trace_id_for_its_lines(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(observability, "JSON_LOGS", True)
+    monkeypatch.setattr(observability.logs, "JSON_LOGS", True)
     task = SimpleNamespace(task_id="abc", tenant_id=7, tenant_slug="acme",
                            traceparent="00-" + "4b" * 16 + "-" + "00f067aa0ba902b7" + "-01")
     with observability.task_run(task, worker_id="w1"):
@@ -93,6 +93,7 @@ def test_tracing_is_off_unless_an_exporter_is_named() -> None:
     assert observability.task_run(task, worker_id="w") is observability._OFF
 
 
+@pytest.mark.processes(reason="starts Django in a fresh interpreter")
 def test_an_unknown_log_format_is_refused_at_startup() -> None:
     proc = subprocess.run(
         [sys.executable, "-c", "import mcptasks.settings"], cwd=REPO, capture_output=True, text=True, timeout=60,

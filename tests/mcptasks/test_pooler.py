@@ -1,6 +1,6 @@
 """Behind a transaction pooler (PgBouncer 1.18, ``pool_mode = transaction``): no session state.
 
-The async reads (:mod:`mcptasks.fastreads`) share one PgBouncer server connection between
+The async reads (:mod:`mcptasks.db.async_sql`) share one PgBouncer server connection between
 clients here (``default_pool_size = 1``), as busy production pools do: a startup option, a
 named prepared statement or a session ``SET`` would fail or leak to another client.
 """
@@ -17,10 +17,13 @@ from typing import Any
 import pytest
 from django.db import connections
 
-from mcptasks import conf, dbconfig, fastreads
+from mcptasks import conf
 from mcptasks.conf import AppSettings
+from mcptasks.db import async_sql as fastreads
+from mcptasks.db import config as dbconfig
 from mcptasks.models import McpSession, Task
 from tests.support.factories import make_auth, make_session, make_task
+from tests.support.fast_subset import starts_processes
 from tests.support.pgbouncer_proc import PrivatePgBouncer
 from tests.support.requirements import require_postgres
 from tests.support.tcp_gate import TcpGate
@@ -29,6 +32,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
+@starts_processes
 def bouncer() -> Iterator[PrivatePgBouncer]:
     """A private PgBouncer with ONE server connection per database in front of the test PostgreSQL."""
     require_postgres()
@@ -100,7 +104,7 @@ def test_async_reads_from_several_clients_share_one_pooled_server_connection(
         finally:
             await fastreads.close()
 
-    caplog.set_level(logging.WARNING, logger="mcptasks.fastreads")
+    caplog.set_level(logging.WARNING, logger="mcptasks.db.async_sql")
     # One event loop per thread: one async connection each, like several web processes.
     threads = [threading.Thread(target=asyncio.run, args=(reads(n),)) for n in range(3)]
     for t in threads:
@@ -109,7 +113,7 @@ def test_async_reads_from_several_clients_share_one_pooled_server_connection(
         t.join(60)
     assert errors == []
     assert "login attempt" in bouncer.log  # the reads went through PgBouncer
-    assert [r.getMessage() for r in caplog.records if r.name == "mcptasks.fastreads"] == []
+    assert [r.getMessage() for r in caplog.records if r.name == "mcptasks.db.async_sql"] == []
 
 
 def test_the_pooler_mode_sets_no_session_state_and_bounds_each_transaction() -> None:
@@ -128,7 +132,7 @@ def test_the_pooler_mode_sets_no_session_state_and_bounds_each_transaction() -> 
 def test_the_pooled_backend_bounds_each_transaction_without_leaking_to_the_shared_server_connection(
     bouncer: PrivatePgBouncer, settings: Any
 ) -> None:
-    from mcptasks.pooled_postgresql.base import DatabaseWrapper
+    from mcptasks.db.pooled_postgresql.base import DatabaseWrapper
 
     settings.MCPTASKS = {**settings.MCPTASKS, "DB_POOLER": "transaction", "DB_LOCK_TIMEOUT_MS": 4321,
                          "DB_IDLE_IN_TRANSACTION_TIMEOUT_MS": 5432}
@@ -166,7 +170,7 @@ def test_a_transaction_and_its_bounds_reach_the_server_in_one_flight(settings: A
     20 s later, holding a PgBouncer server connection and a backend until keepalives give up).
     """
     require_postgres()
-    from mcptasks.pooled_postgresql.base import DatabaseWrapper
+    from mcptasks.db.pooled_postgresql.base import DatabaseWrapper
 
     settings.MCPTASKS = {**settings.MCPTASKS, "DB_POOLER": "transaction", "DB_IDLE_IN_TRANSACTION_TIMEOUT_MS": 6543}
     db = dict(connections["default"].settings_dict)

@@ -10,10 +10,12 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+import pytest
+
 from mcptasks.conf import AppSettings, DeploymentSettings
 from mcptasks.settings_doc import DOC, render
 from tenants.conf import TenantSettings
-from tenants.typed_settings import variables
+from tenants.infra.typed_settings import variables
 from tests.support.servers import REPO
 
 SETTINGS_PY = (REPO / "mcptasks" / "settings.py").read_text()
@@ -67,6 +69,7 @@ def _probe(env: dict[str, str], tmp: Path) -> dict[str, object]:
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
+@pytest.mark.processes(reason="reads the settings in a fresh interpreter (python -c)")
 def test_deployment_variables_reach_django_settings(tmp_path: Path) -> None:
     env_file = tmp_path / "deploy.env"
     env_file.write_text("LOG_LEVEL=WARNING\nMCPTASKS_CHANNEL_PREFIX=fromfile\n")
@@ -86,9 +89,10 @@ def test_deployment_variables_reach_django_settings(tmp_path: Path) -> None:
     assert isinstance(apps, list)
     assert "mcptasks.demo" not in apps and "mcptasks.conformance" in apps and apps[-1] == "django.contrib.humanize"
     assert got["prefix"] == "fromfile" and got["level"] == "WARNING" and got["expire"] == 120
-    assert got["layer"] == "mcptasks.layers.RedisChannelLayer"
+    assert got["layer"] == "mcptasks.streams.layers.RedisChannelLayer"
 
 
+@pytest.mark.processes(reason="reads the settings in a fresh interpreter (python -c)")
 def test_deployment_defaults(tmp_path: Path) -> None:
     got = _probe({}, tmp_path)
     assert got["debug"] is False and got["prefix"] == "mcptasks" and got["level"] == "INFO"
@@ -97,6 +101,7 @@ def test_deployment_defaults(tmp_path: Path) -> None:
     assert str(got["secret"]).startswith("dev-insecure-")
 
 
+@pytest.mark.processes(reason="reads the settings in a fresh interpreter (python -c)")
 def test_a_malformed_value_names_its_variable(tmp_path: Path) -> None:
     try:
         _probe({"MCPTASKS_CONN_MAX_AGE": "ten"}, tmp_path)

@@ -8,7 +8,7 @@ once the throttle window ends, and on the dashboard (which must then agree with 
 
 from __future__ import annotations
 
-import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,9 +17,12 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
 
-from mcptasks import audit, dashboard, watch
-from mcptasks.metrics import REGISTRY
+from mcptasks.audit import housekeeping, throttle, watch
+from mcptasks.audit import trail as audit
+from mcptasks.console import dashboard
 from mcptasks.models import AuditEvent
+from mcptasks.observability.metrics import REGISTRY
+from tests.support.clock import Clock, frozen_clock
 from tests.support.factories import make_auth, make_task, make_tenant
 from tests.support.requirements import require_postgres, require_redis
 
@@ -46,30 +49,36 @@ def _other_process() -> None:
     watch.throttle.forget_local()
 
 
-def _window_start(settings: Any) -> None:
-    """Wait for a throttle window to begin (windows are fixed: a burst must not straddle two)."""
-    every_s = settings.MCPTASKS["AUDIT_REFUSAL_EVERY_S"]
-    time.sleep(every_s - time.time() % every_s + 0.01)
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[Clock]:
+    """The throttle's (and the watch's) clock, moved by hand to a window's edges."""
+    with frozen_clock(monkeypatch, throttle, watch) as c:
+        yield c
 
 
-def _end_window(settings: Any) -> None:
-    """Let the current throttle window end (a short one), then run the periodic pass."""
-    time.sleep(settings.MCPTASKS["AUDIT_REFUSAL_EVERY_S"] + 0.05)
-    audit.housekeep()
+def _window_start(settings: Any, clock: Clock) -> None:
+    """Move to a throttle window's start (windows are fixed: a burst must not straddle two)."""
+    clock.to_next_multiple_of(settings.MCPTASKS["AUDIT_REFUSAL_EVERY_S"])
 
 
-def test_lookups_of_another_tenants_task_do_not_flood_the_owners_chain(settings: Any) -> None:
+def _end_window(settings: Any, clock: Clock) -> None:
+    """Move past the end of the current throttle window, then run the periodic pass."""
+    clock.advance(settings.MCPTASKS["AUDIT_REFUSAL_EVERY_S"] + 0.05)
+    housekeeping.housekeep()
+
+
+def test_lookups_of_another_tenants_task_do_not_flood_the_owners_chain(settings: Any, clock: Clock) -> None:
     settings.MCPTASKS = {**settings.MCPTASKS, "AUDIT_REFUSAL_EVERY_S": 5.0}
     owner, intruder = make_auth(make_tenant("victim")), make_auth(make_tenant("probe"))
     task = make_task(owner)
-    _window_start(settings)
+    _window_start(settings, clock)
     before = _sample("mcptasks_audit_suppressed_total", "task.cross_tenant")
     for _ in range(100):
         watch.lookup_failed(auth=intruder, method="tasks/get", task_id=task.task_id, error="Task not found")
     cross = AuditEvent.objects.filter(action="task.cross_tenant", tenant_id=owner.tenant_id)
     assert cross.count() == 1
     assert _sample("mcptasks_audit_suppressed_total", "task.cross_tenant") - before == 99
-    _end_window(settings)
+    _end_window(settings, clock)
     summary = AuditEvent.objects.get(action="audit.suppressed", tenant_id=owner.tenant_id)
     assert summary.data["kind"] == "task.cross_tenant" and summary.data["count"] == 99
     # Still nothing in the intruder's chain says the id exists.
@@ -105,23 +114,23 @@ def test_the_throttle_holds_across_processes() -> None:
     assert AuditEvent.objects.filter(action="quota.refused").count() == 1
 
 
-def test_suppressed_counts_are_written_once_when_the_window_ends(settings: Any) -> None:
+def test_suppressed_counts_are_written_once_when_the_window_ends(settings: Any, clock: Clock) -> None:
     settings.MCPTASKS = {**settings.MCPTASKS, "AUDIT_REFUSAL_EVERY_S": 1.0}
     tenant = make_tenant("victim")
     auth = make_auth(tenant)
-    _window_start(settings)
+    _window_start(settings, clock)
     for _ in range(7):
         watch.refused(auth=auth, action="ratelimit.refused", data={"class": "read"})
-    _end_window(settings)
+    _end_window(settings, clock)
     _other_process()
-    audit.housekeep()  # a second process's pass finds nothing left to write
+    housekeeping.housekeep()  # a second process's pass finds nothing left to write
     summaries = list(AuditEvent.objects.filter(action="audit.suppressed"))
     assert [(e.tenant_id, e.data["kind"], e.data["count"]) for e in summaries] == [
         (tenant.pk, "ratelimit.refused", 6)]
     assert audit.verify(chain=tenant.pk).ok
 
 
-def test_dashboard_counts_match_metrics_after_a_burst(settings: Any) -> None:
+def test_dashboard_counts_match_metrics_after_a_burst(settings: Any, clock: Clock) -> None:
     settings.MCPTASKS = {**settings.MCPTASKS, "AUDIT_REFUSAL_EVERY_S": 1.0}
     tenant = make_tenant("burst")
     auth = make_auth(tenant)
@@ -148,6 +157,6 @@ def test_dashboard_counts_match_metrics_after_a_burst(settings: Any) -> None:
         return {k: sum(mine[label]) for k, label in kinds.items()}
 
     assert shown() == sent  # while the window runs: the throttle's counts
-    _end_window(settings)
+    _end_window(settings, clock)
     assert AuditEvent.objects.filter(action="audit.suppressed", tenant_id=tenant.pk).exists()
     assert shown() == sent  # afterwards: the audit.suppressed events

@@ -20,8 +20,9 @@ from asgiref.sync import sync_to_async
 from django.db import connection
 
 from mcptasks.models import TaskStatus
-from mcptasks.registry import Registry, ToolInputError
-from mcptasks.worker import Worker, WorkerBackend
+from mcptasks.tools.registry import Registry, ToolInputError
+from mcptasks.worker.backend import WorkerBackend
+from mcptasks.worker.loop import Worker
 from tests.support.factories import demo_tool, task_row
 from tests.support.servers import REPO
 
@@ -42,6 +43,7 @@ def _probe(env: dict[str, str], tmp: Path) -> dict[str, Any]:
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
+@pytest.mark.processes(reason="reads the settings in a fresh interpreter (python -c)")
 def test_demo_tools_are_off_unless_enabled_and_warned_about_outside_debug(tmp_path: Path) -> None:
     default = _probe({}, tmp_path)
     assert "mcptasks.demo" not in default["apps"]

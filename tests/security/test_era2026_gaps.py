@@ -16,11 +16,11 @@ from asgiref.sync import sync_to_async
 from channels.layers import channel_layers
 from channels.testing import HttpCommunicator
 
-from mcptasks import services
 from mcptasks.asgi import router
-from mcptasks.era2026 import state
+from mcptasks.methods import request_state as state
 from mcptasks.models import Task, TaskMessage
 from mcptasks.protocol.era2026 import TASKS_EXTENSION
+from mcptasks.tasks import messages
 from tenants import services as tenant_services
 from tenants.auth import AuthContext
 from tests.support.factories import make_tenant
@@ -69,7 +69,7 @@ def _owner_task_waiting_for_input() -> tuple[Any, Task, AuthContext]:
     from tests.support.factories import make_task
 
     task = make_task(auth)
-    services.add_task_message(task=task, method="elicitation/create", params={
+    messages.add_task_message(task=task, method="elicitation/create", params={
         "message": SECRET_PROMPT, "requestedSchema": {"type": "object", "properties": {"code": {"type": "string"}}},
         "_meta": {"io.mcptasks/inputKey": "code"},
     })

@@ -14,8 +14,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from mcptasks.registry import Registry
-from mcptasks.worker import Worker
+from mcptasks.tools.registry import Registry
+from mcptasks.worker.loop import Worker
 from tests.support.client import McpClient
 from tests.support.factories import make_auth, task_row
 from tests.support.requirements import require_multiprocess
@@ -43,6 +43,7 @@ def _running(stack: Stack, slug: str) -> int:
     return int(row[0])
 
 
+@pytest.mark.processes(reason="a stack of its own: daphne and a worker")
 def test_a_flood_of_long_tasks_leaves_a_slot_for_another_tenant(tmp_path: Path) -> None:
     require_multiprocess()
     # A database of its own: no task left by another test for this worker to claim.

@@ -15,6 +15,7 @@ from mcptasks.protocol import jsonrpc
 from mcptasks.protocol.errors import McpError
 from tests.support.client import ACCEPT_BOTH, McpClient
 from tests.support.servers import REPO, Proc, Stack
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -84,15 +85,20 @@ def test_access_token_in_url_never_reaches_the_access_log(web: Proc) -> None:
     secret = "NeverLogMe" + "Q" * 30
     r = httpx.get(f"{web.url}?access_token={secret}", headers={"Accept": "text/event-stream"})
     assert r.status_code == 400
+    health_checks = web.log_text().count("/healthz")  # the start-up's health checks are logged too
     httpx.get(f"{web.base}/healthz?token={secret}")
-    import time
 
-    time.sleep(0.5)
-    log = web.log_text()
+    def logged() -> str | None:
+        # Both requests are logged once the later one is (one process logs them in order).
+        text = web.log_text()
+        return text if text.count("/healthz") > health_checks else None
+
+    log = wait_for("the access log line of the last request", logged, timeout=10)
     assert "GET /healthz" in log or "/mcp" in log, "the access log is expected to be on (daphne default)"
     assert secret not in log
 
 
+@pytest.mark.processes(reason="starts the web and worker entry points")
 def test_web_and_worker_refuse_the_development_secret_key(tmp_path: Any) -> None:
     env = {"PATH": "/usr/bin:/bin", "DEBUG": "0", "DATABASE_URL": f"sqlite:///{tmp_path / 'x.sqlite3'}",
            "MCPTASKS_VAR_DIR": str(tmp_path)}

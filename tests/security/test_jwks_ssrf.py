@@ -87,6 +87,9 @@ def test_model_validation_refuses_internal_literal_addresses(tenant_a: Any, sett
     ExternalIssuer(tenant=tenant_a, issuer=ISSUER, jwks_url="http://127.0.0.1:9/keys").full_clean()
 
 
+# The prefetch reads the issuer on another connection (a thread): SQLite's in-memory test
+# database refuses that while this test's transaction holds the table, so commit instead.
+@pytest.mark.django_db(transaction=True)
 def test_an_unauthenticated_token_never_makes_the_server_call_loopback(
     tenant_a: Any, listener: JwksServer
 ) -> None:
@@ -124,6 +127,9 @@ def test_a_name_resolving_to_an_internal_address_is_refused_at_connect_time(
     assert listener.hits == 1 and len(calls) == 1  # resolved once: the checked address is the one used
 
 
+# The prefetch reads the issuer on another connection (a thread): SQLite's in-memory test
+# database refuses that while this test's transaction holds the table, so commit instead.
+@pytest.mark.django_db(transaction=True)
 def test_the_public_error_is_the_same_whatever_the_target_returned(
     tenant_a: Any, settings: Any, listener: JwksServer
 ) -> None:

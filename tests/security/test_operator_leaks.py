@@ -25,8 +25,8 @@ from django.db import close_old_connections
 from django.test import Client
 from django.urls import reverse
 
-from mcptasks import watch
 from mcptasks.asgi import router
+from mcptasks.audit import watch
 from mcptasks.models import AuditEvent, Task
 from tenants import kv
 from tenants import services as tenant_services
@@ -155,7 +155,7 @@ def test_csv_exports_escape_formula_cells() -> None:
         assert len(rows) > len(FORMULAS)
         assert not [cell for cell in cells if cell[:1] in ("=", "+", "-", "@", "\t", "\r")]
     # The API's exports go through the same cells.
-    from mcptasks import operators
+    from mcptasks.console import operators
 
     assert operators.csv_row([*FORMULAS, "plain", 7]) == [*("'" + f for f in FORMULAS), "plain", 7]
     # The admin's export names principals as text: the cells are still there, escaped.

@@ -15,10 +15,10 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.db import connection
 
-from mcptasks import bus
 from mcptasks.models import StreamEvent, Task, TaskStatus
-from mcptasks.registry import Registry, ToolContext
-from mcptasks.worker import Worker
+from mcptasks.streams import events
+from mcptasks.tools.registry import Registry, ToolContext
+from mcptasks.worker.loop import Worker
 from tests.support.factories import task_row
 
 FLOOD = 1000
@@ -70,12 +70,12 @@ async def test_progress_is_coalesced_to_the_rate_and_the_latest_is_kept(settings
 @pytest.mark.django_db
 def test_a_stream_keeps_at_most_the_newest_events(settings: Any) -> None:
     settings.MCPTASKS = {**settings.MCPTASKS, "STREAM_MAX_EVENTS": 20}
-    ids = [bus.publish(session_id="sec-cap", stream_id="sec-cap-stream", message={"n": i}) for i in range(60)]
+    ids = [events.publish(session_id="sec-cap", stream_id="sec-cap-stream", message={"n": i}) for i in range(60)]
     rows = list(StreamEvent.objects.filter(stream_id="sec-cap-stream").order_by("seq").values_list("seq", "data"))
     assert len(rows) == 20
     assert [s for s, _ in rows] == list(range(41, 61))  # the newest, numbering unbroken
     assert json.loads(rows[-1][1]) == {"n": 59}
     assert len(set(ids)) == 60
     # Other streams are untouched.
-    bus.publish(session_id="sec-cap", stream_id="sec-other", message={"n": 0})
+    events.publish(session_id="sec-cap", stream_id="sec-other", message={"n": 0})
     assert StreamEvent.objects.filter(stream_id="sec-other").count() == 1

@@ -17,6 +17,7 @@ import pytest
 
 from tests.e2e.live_support import Listener
 from tests.support.client import McpClient
+from tests.support.fast_subset import starts_processes
 from tests.support.redis_proc import PrivateRedis
 from tests.support.requirements import require_multiprocess
 from tests.support.servers import Proc, Stack, free_port
@@ -28,6 +29,7 @@ BURST = 20
 
 
 @pytest.fixture(scope="module")
+@starts_processes
 def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRedis]:
     r = PrivateRedis(Path(tmp_path_factory.mktemp("redis")))
     r.start()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +20,7 @@ import pytest
 from tests.e2e.live_support import Listener
 from tests.support.client import ACCEPT_BOTH, McpClient
 from tests.support.servers import Proc, Stack
+from tests.support.waiting import wait_for
 
 MAX_SESSIONS = 4
 MAX_STREAMS = 3
@@ -162,13 +162,12 @@ def test_open_get_streams_per_principal_are_capped(web: Proc, stack: Stack) -> N
             listener.wait_done(10)
         # The server learns of a closed stream when its disconnect arrives, a moment after the
         # client closes: wait for that event (bounded), not a fixed time.
-        deadline = time.monotonic() + 10
-        while True:
+        def reopened() -> Listener | None:
             fresh = Listener(extra).start()
             fresh.wait_primed()
-            if fresh.status != 429 or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+            return None if fresh.status == 429 else fresh
+
+        fresh = wait_for("a stream slot freed by the closed streams", reopened, timeout=10, every=0.2)
         assert fresh.status is None and fresh.error is None, fresh.status
         listeners.append(fresh)
     finally:
@@ -183,9 +182,10 @@ def test_open_get_streams_per_principal_are_capped(web: Proc, stack: Stack) -> N
 def test_sessions_that_never_initialized_and_2026_request_rows_expire_within_minutes(tenant_a: Any) -> None:
     from django.utils import timezone
 
-    from mcptasks import conf, services
+    from mcptasks import conf
     from mcptasks.models import McpSession, Task, TaskStatus
     from mcptasks.protocol.era2026 import VERSION
+    from mcptasks.tasks import cleanup
     from tenants.services import get_or_create_principal
 
     principal = get_or_create_principal(tenant=tenant_a, kind="user", identifier="mallory")
@@ -213,7 +213,7 @@ def test_sessions_that_never_initialized_and_2026_request_rows_expire_within_min
     fresh_2026 = make(initialized=True, version=VERSION, age_s=10)
     assert s.SESSION_INIT_TIMEOUT_S <= 600 and s.REQUEST_RETENTION_S <= 900  # "within minutes"
 
-    counts = services.cleanup_expired(now=now)
+    counts = cleanup.cleanup_expired(now=now)
 
     left = set(McpSession.objects.values_list("pk", flat=True))
     assert never.pk not in left and old_2026.pk not in left
@@ -222,7 +222,7 @@ def test_sessions_that_never_initialized_and_2026_request_rows_expire_within_min
 
 
 def test_stream_slots_count_distinct_streams_and_let_a_holder_reconnect() -> None:
-    from mcptasks.limits import StreamSlots
+    from mcptasks.endpoint.limits import StreamSlots
 
     slots = StreamSlots()
     alice, bob = (1, 10), (1, 11)

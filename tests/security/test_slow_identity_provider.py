@@ -13,6 +13,7 @@ import pytest
 from tests.support.client import ACCEPT_BOTH, McpClient
 from tests.support.oauth import JwksServer, KeyPair
 from tests.support.servers import Proc, Stack
+from tests.support.waiting import wait_for
 
 SLOW_ISS = "https://slow-idp.example.test/"
 
@@ -58,10 +59,12 @@ def test_ping_stays_fast_while_tokens_of_a_slow_issuer_are_in_flight(
                            json={"jsonrpc": "2.0", "id": 1, "method": "ping"}, timeout=30)
             statuses.append(r.status_code)
 
+        fetches_before = slow_idp.hits
         threads = [threading.Thread(target=send, args=(t,), daemon=True) for t in bad]
         for t in threads:
             t.start()
-        time.sleep(0.3)  # the slow fetch is under way
+        wait_for("the slow JWKS fetch to be under way", lambda: slow_idp.hits > fetches_before, timeout=10,
+                 every=0.01)
         latencies = []
         while any(t.is_alive() for t in threads) and len(latencies) < 40:
             t0 = time.monotonic()

@@ -33,9 +33,11 @@ def test_tenant_reader_never_receives_the_owners_elicitation(stack: Stack, auth_
         wait_status(owner, tid, {"input_required"})
         seen_by_ops: list[dict[str, Any]] = []
         ops_result: list[Any] = []
+        ops_stream_open = threading.Event()
 
         def ops_waits() -> None:
             def record(ev: SseEvent) -> bool:
+                ops_stream_open.set()  # the priming event: the server serves the stream
                 if ev.message is not None:
                     seen_by_ops.append(ev.message)
                 return False
@@ -45,7 +47,12 @@ def test_tenant_reader_never_receives_the_owners_elicitation(stack: Stack, auth_
 
         waiter = threading.Thread(target=ops_waits, daemon=True)
         waiter.start()
-        time.sleep(2.0)  # long enough for a stolen request to arrive
+        assert ops_stream_open.wait(20), "the reader's tasks/result stream never opened"
+        # A stolen request would come once the server has checked the task for this stream, a few
+        # database calls after its priming event. Nothing the test can see marks the end of that
+        # check, and waiting for the priming event alone let the owner's stream bind first (a
+        # binding that ignored the principal went unnoticed in 3 runs of 3): the fixed wait stays.
+        time.sleep(2.0)
         assert not [m for m in seen_by_ops if m.get("method") == "elicitation/create"], seen_by_ops
         # The owner still gets its own request, answers it, and both see the result.
         asked: list[dict[str, Any]] = []

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from django.conf import settings
 
 from tests.support.servers import REPO
@@ -47,6 +48,7 @@ def _run(env: dict[str, str], args: list[str], tmp_path: Path) -> subprocess.Com
                           timeout=300)
 
 
+@pytest.mark.processes(reason="runs manage.py and a TLS proxy in processes of their own")
 def test_check_deploy_is_clean_with_the_documented_production_settings(tmp_path: Path) -> None:
     env = documented_production_env()
     assert env["DEBUG"] == "0" and env["SECURE_PROXY_SSL_HEADER"] == "X-Forwarded-Proto"
@@ -95,6 +97,7 @@ print(json.dumps({
 '''
 
 
+@pytest.mark.processes(reason="runs manage.py and a TLS proxy in processes of their own")
 def test_sign_in_through_a_tls_proxy_with_the_documented_settings(tmp_path: Path) -> None:
     done = _run(documented_production_env(), ["-c", SIGN_IN_THROUGH_PROXY], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -126,6 +129,7 @@ print(json.dumps([settings.SESSION_COOKIE_SECURE, settings.CSRF_COOKIE_SECURE, s
 """
 
 
+@pytest.mark.processes(reason="runs manage.py and a TLS proxy in processes of their own")
 def test_debug_relaxes_only_what_is_not_set(tmp_path: Path) -> None:
     def shown(env: dict[str, str]) -> list[Any]:
         done = _run({"DJANGO_SETTINGS_MODULE": "mcptasks.settings", **env}, ["-c", SHOW_TLS], tmp_path)

@@ -93,7 +93,7 @@ def test_forwarded_for_is_honoured_only_from_a_trusted_proxy(settings: Any, behi
 def test_the_api_throttle_identifies_anonymous_callers_by_the_same_rule(behind_proxy: None) -> None:
     from django.test import RequestFactory
 
-    from mcptasks.api_auth import SharedUserRateThrottle
+    from mcptasks.console.api_auth import SharedUserRateThrottle
 
     throttle = SharedUserRateThrottle()
     spoofed = RequestFactory().get("/api/", REMOTE_ADDR="198.51.100.4", HTTP_X_FORWARDED_FOR="127.0.0.1")
@@ -103,7 +103,7 @@ def test_the_api_throttle_identifies_anonymous_callers_by_the_same_rule(behind_p
 
 
 def test_the_audit_and_flags_key_on_the_forwarded_client(behind_proxy: None) -> None:
-    from mcptasks import watch
+    from mcptasks.audit import watch
 
     scope = {"client": ["127.0.0.1", 4000], "headers": [(b"x-forwarded-for", b"203.0.113.7")]}
     assert watch.client_ip(scope) == "203.0.113.7"
@@ -113,7 +113,7 @@ def test_the_audit_and_flags_key_on_the_forwarded_client(behind_proxy: None) -> 
 async def test_an_authentication_failure_through_the_proxy_is_audited_with_the_client(
     settings: Any, behind_proxy: None
 ) -> None:
-    from mcptasks import watch
+    from mcptasks.audit import watch
 
     watch.throttle.clear()
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from django.contrib.auth import get_user_model
 
-from mcptasks import services
 from mcptasks.models import AuditEvent, TaskStatus, WebhookDelivery
+from mcptasks.tasks import transitions
 from tenants.models import Principal, WebhookEndpoint
 from tenants.services import add_webhook_endpoint, grant_operator_role
 from tests.support.admin_forms import form_fields, operator_client
@@ -72,10 +72,10 @@ def test_another_tenants_endpoints_and_deliveries_are_invisible(tenant_a: Any, t
     mine = add_webhook_endpoint(tenant=tenant_a, url="https://a.example.com/h",
                                 events=["task.completed"])
     auth_a, auth_b = make_auth(tenant=tenant_a), make_auth(tenant=tenant_b)
-    services.transition(task=make_task(auth_a), to=TaskStatus.COMPLETED, result={"content": []})
+    transitions.transition(task=make_task(auth_a), to=TaskStatus.COMPLETED, result={"content": []})
     theirs.events = ["task.completed"]
     theirs.save()
-    services.transition(task=make_task(auth_b), to=TaskStatus.COMPLETED, result={"content": []})
+    transitions.transition(task=make_task(auth_b), to=TaskStatus.COMPLETED, result={"content": []})
     listing = admin_of_a.get("/admin/tenants/webhookendpoint/").content.decode()
     assert "a.example.com" in listing and "b.example.com" not in listing
     assert admin_of_a.get(f"/admin/tenants/webhookendpoint/{theirs.pk}/change/").status_code in (302, 404)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
-from .schema import validate_server_message
+from tests.support.schema import validate_server_message
 
 ACCEPT_BOTH = "application/json, text/event-stream"
 
@@ -229,13 +230,19 @@ class McpClient:
         with self.http.stream("GET", self.url, headers=h) as resp:
             return self._read(resp, method, on_request, on_event, None)
 
-    def listen(self, on_event: Callable[[SseEvent], bool | None], *, last_event_id: str | None = None) -> Reply:
-        """Open the standalone GET stream and feed events to ``on_event`` until it returns True."""
+    def listen(self, on_event: Callable[[SseEvent], bool | None], *, last_event_id: str | None = None,
+               on_open: Callable[[httpx.Response], None] | None = None) -> Reply:
+        """Open the standalone GET stream and feed events to ``on_event`` until it returns True.
+
+        ``on_open`` gets the response as soon as its headers arrive (a caller in another thread
+        can then cut the connection; see ``cut``)."""
         h = self.headers(Accept="text/event-stream")
         h.pop("Content-Type", None)
         if last_event_id:
             h["Last-Event-ID"] = last_event_id
         with self.http.stream("GET", self.url, headers=h) as resp:
+            if on_open is not None:
+                on_open(resp)
             return self._read(resp, None, None, on_event, None)
 
     def call(self, name: str, arguments: dict[str, Any] | None = None, **kw: Any) -> Reply:
@@ -253,3 +260,18 @@ class McpClient:
         task: dict[str, Any] = {} if ttl is None else {"ttl": ttl}
         reply = self.call(name, arguments, task=task, **kw)
         return reply.result["task"]  # type: ignore[no-any-return]
+
+
+def cut(resp: httpx.Response) -> None:
+    """Shut down the socket under a streaming response from another thread.
+
+    Closing the client does not wake a thread blocked reading the stream (it waits for the
+    server's next keep-alive); a socket shutdown does, at once."""
+    stream = resp.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if sock is None:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed

@@ -100,7 +100,7 @@ class ListenStream:
     def _run(self) -> None:
         import json
 
-        from .client import iter_sse
+        from tests.support.client import iter_sse
 
         try:
             with httpx.stream("POST", self._url, json=self._body, headers=self._headers,

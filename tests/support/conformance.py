@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .servers import FAST_SETTINGS, make_stack
+from tests.support.servers import FAST_SETTINGS, make_stack
 
 #: What the stack adds for the e2e tests that the conformance runs must not have.
 _TEST_ONLY = ("MCPTASKS_EXTRA_APPS", *FAST_SETTINGS)

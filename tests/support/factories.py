@@ -10,9 +10,9 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from mcptasks import services
 from mcptasks.models import McpSession, Task
-from mcptasks.registry import Tool, registry
+from mcptasks.tasks import creation
+from mcptasks.tools.registry import Tool, registry
 from tenants.auth import AuthContext
 
 _seq = itertools.count(1)
@@ -59,7 +59,7 @@ def demo_tool(name: str = "demo_sleep") -> Tool:
 def make_task(auth: AuthContext, session: McpSession | None = None, *, ttl_ms: int | None = None,
               tool: str = "demo_sleep") -> Task:
     """A task created through the real service (quota slot, audit, ttl clamping)."""
-    return services.create_task(
+    return creation.create_task(
         auth=auth, session=session or make_session(auth), tool=demo_tool(tool), arguments={"ms": 1},
         request_id=next(_seq), progress_token=None, requested_ttl_ms=ttl_ms,
     )

@@ -8,7 +8,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from .schema import SPEC_DIR
+from tests.support.schema import SPEC_DIR
 
 SCHEMA_PATH = SPEC_DIR / "schema-2026-07-28.json"
 

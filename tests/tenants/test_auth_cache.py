@@ -8,11 +8,13 @@ from typing import Any
 import pytest
 from oauth2_provider.models import get_access_token_model
 
+from tenants import auth_cache
 from tenants.auth import authenticate, cached_context, remember
 from tenants.auth_cache import cache
 from tenants.context import AuthContext
 from tenants.models import Tenant, TenantApplication
 from tenants.services import issue_token
+from tests.support.clock import frozen_clock
 
 pytestmark = pytest.mark.django_db
 
@@ -46,23 +48,27 @@ def test_a_verified_token_is_reused_without_a_query(
     assert _cached(token, resource_url + "/t/other") is None
 
 
-def test_entries_lapse_after_auth_cache_s(tenant: Tenant, resource_url: str, settings: Any) -> None:
+def test_entries_lapse_after_auth_cache_s(tenant: Tenant, resource_url: str, settings: Any,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
     settings.TENANTS = {**settings.TENANTS, "AUTH_CACHE_S": 0.2}
     token = issue_token(tenant=tenant, principal_name="robot", resource=resource_url)
-    _verify(token, resource_url)
-    assert _cached(token, resource_url) is not None
-    time.sleep(0.25)
-    assert _cached(token, resource_url) is None
+    with frozen_clock(monkeypatch, auth_cache) as clock:
+        _verify(token, resource_url)
+        assert _cached(token, resource_url) is not None
+        clock.advance(0.25)
+        assert _cached(token, resource_url) is None
 
 
-def test_entries_never_outlive_the_token(tenant: Tenant, resource_url: str, settings: Any) -> None:
+def test_entries_never_outlive_the_token(tenant: Tenant, resource_url: str, settings: Any,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
     settings.TENANTS = {**settings.TENANTS, "AUTH_CACHE_S": 60}
     token = issue_token(tenant=tenant, principal_name="robot", resource=resource_url, expires_s=1)
-    ctx = _verify(token, resource_url)
-    assert ctx.expires_at is not None and ctx.expires_at <= time.time() + 1.5
-    assert _cached(token, resource_url) is not None
-    time.sleep(max(0.0, ctx.expires_at - time.time()) + 0.05)
-    assert _cached(token, resource_url) is None
+    with frozen_clock(monkeypatch, auth_cache) as clock:
+        ctx = _verify(token, resource_url)
+        assert ctx.expires_at is not None and ctx.expires_at <= time.time() + 1.5
+        assert _cached(token, resource_url) is not None
+        clock.advance(max(0.0, ctx.expires_at - clock.time()) + 0.05)
+        assert _cached(token, resource_url) is None
 
 
 def test_zero_disables_the_cache(tenant: Tenant, resource_url: str, settings: Any) -> None:

@@ -1,4 +1,4 @@
-"""Coalescing concurrent calls into batches (tenants.coalesce)."""
+"""Coalescing concurrent calls into batches (tenants.infra.coalesce)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tenants.coalesce import Coalescer
+from tenants.infra.coalesce import Coalescer
 
 
 def test_calls_made_together_share_a_batch_and_get_their_own_results() -> None:
@@ -120,7 +120,7 @@ def test_max_batch_bounds_every_batch(max_batch: int) -> None:
 
 
 def test_single_flight_shares_a_run_per_key_and_forgets_it_after() -> None:
-    from tenants.coalesce import SingleFlight
+    from tenants.infra.coalesce import SingleFlight
 
     runs: list[str] = []
 
@@ -150,7 +150,7 @@ def test_single_flight_shares_a_run_per_key_and_forgets_it_after() -> None:
 
 
 def test_single_flight_survives_a_cancelled_caller() -> None:
-    from tenants.coalesce import SingleFlight
+    from tenants.infra.coalesce import SingleFlight
 
     async def main() -> str:
         flight: SingleFlight[int, str] = SingleFlight()

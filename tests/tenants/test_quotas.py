@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from django.db import connection, transaction
 
-from mcptasks.transport.errors import answer
+from mcptasks.endpoint.errors import answer
 from tenants.models import Principal, Tenant
 from tenants.quotas import QuotaExceeded, acquire_task_slot, release_task_slot
 from tenants.selectors import clear_limits_cache, effective_limits
@@ -198,7 +198,7 @@ def _race_creations(auths: list[Any], *, threads: int = 20, each: int = 10) -> t
     """``threads`` x ``each`` task creations through the real service, started together."""
     from django.db import connections
 
-    from mcptasks import services
+    from mcptasks.tasks import creation
     from tests.support.factories import demo_tool, make_session
 
     sessions = [make_session(auths[i % len(auths)]) for i in range(threads)]
@@ -213,7 +213,7 @@ def _race_creations(auths: list[Any], *, threads: int = 20, each: int = 10) -> t
             barrier.wait()
             for n in range(each):
                 try:
-                    services.create_task(auth=auth, session=sessions[i], tool=demo_tool(), arguments={"ms": 1},
+                    creation.create_task(auth=auth, session=sessions[i], tool=demo_tool(), arguments={"ms": 1},
                                          request_id=f"r{i}-{n}", progress_token=None, requested_ttl_ms=None)
                     with lock:
                         created.append(i)
@@ -285,8 +285,8 @@ def test_a_tenant_without_limits_takes_no_row_lock(settings: Any) -> None:
         require_postgres()
     from django.db import connections
 
-    from mcptasks import services
     from mcptasks.models import Outcome, Task
+    from mcptasks.tasks import transitions
     from tests.support.factories import make_auth, make_task
 
     _unlimited_by_default(settings)
@@ -313,7 +313,7 @@ def test_a_tenant_without_limits_takes_no_row_lock(settings: Any) -> None:
             cursor.execute("SET lock_timeout = '1s'")
         task = make_task(auth)
         Task.objects.filter(pk=task.pk).update(attempt=1)
-        assert services.finish_runs(runs=[(task, Outcome(pk=task.pk, attempt=1, status="completed",
+        assert transitions.finish_runs(runs=[(task, Outcome(pk=task.pk, attempt=1, status="completed",
                                                          result={"content": []}))]) == [True]
     finally:
         release.set()
@@ -328,7 +328,7 @@ def test_a_tenant_without_limits_takes_no_row_lock(settings: Any) -> None:
 def test_a_limit_added_later_counts_the_tasks_already_running(settings: Any) -> None:
     """Counters are not kept while a tenant is unlimited; saving its first limit recounts them
     from the task table, so the limit holds for the tasks already running and slots come back."""
-    from mcptasks import services
+    from mcptasks.tasks import transitions
     from tests.support.factories import make_auth, make_task
 
     _unlimited_by_default(settings)
@@ -345,7 +345,7 @@ def test_a_limit_added_later_counts_the_tasks_already_running(settings: Any) -> 
     make_task(auth)
     with pytest.raises(QuotaExceeded):
         make_task(auth)
-    services.cancel_task(auth=auth, task_id=running[0].task_id)
+    transitions.cancel_task(auth=auth, task_id=running[0].task_id)
     tenant.refresh_from_db()
     assert tenant.active_tasks == 3
     make_task(auth)

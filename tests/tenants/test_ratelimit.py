@@ -7,10 +7,11 @@ from unittest import mock
 
 import pytest
 
-from mcptasks.transport.errors import answer
+from mcptasks.endpoint.errors import answer
 from tenants.auth import AuthContext
 from tenants.models import Tenant
-from tenants.ratelimit import RateLimited, _retry_after, check_rate, note_poll
+from tenants.ratelimit import RateLimited, check_rate, note_poll
+from tenants.ratelimit.window import retry_after
 from tenants.selectors import clear_limits_cache
 
 pytestmark = pytest.mark.django_db
@@ -30,7 +31,7 @@ def _set(tenant: Tenant, **limits: Any) -> None:
 
 def test_unlimited_by_default(tenant: Tenant, auth: AuthContext) -> None:
     # No limit: far past any budget, nothing is refused and no counter is kept at all.
-    with mock.patch("tenants.ratelimit.kv.call") as counters:
+    with mock.patch("tenants.ratelimit.window.kv.call") as counters:
         for _ in range(500):
             for op_class in ("create", "read", "other"):
                 check_rate(auth=auth, op_class=op_class)  # type: ignore[arg-type]
@@ -126,9 +127,9 @@ def test_fast_poll_over_budget_raises(tenant: Tenant, auth: AuthContext) -> None
 
 def test_retry_after_math() -> None:
     # Current window full: wait for the window end, then for this window's count to decay.
-    assert _retry_after(previous=0, current=3, limit=3, elapsed=10) == pytest.approx(50 + 20)
+    assert retry_after(previous=0, current=3, limit=3, elapsed=10) == pytest.approx(50 + 20)
     # Only the previous window weighs: wait until its weight drops enough.
-    assert _retry_after(previous=10, current=0, limit=5, elapsed=0) == pytest.approx(36)
+    assert retry_after(previous=10, current=0, limit=5, elapsed=0) == pytest.approx(36)
 
 
 # --- the async path the MCP consumer takes (one Redis round trip per request) ---------------
@@ -171,7 +172,7 @@ def test_async_counting_matches_the_sync_rules(tenant: Tenant, auth: AuthContext
         with pytest.raises(RateLimited):
             check_rate(auth=auth, op_class="other")
     # Unlimited classes cost nothing.
-    with mock.patch("tenants.ratelimit.kv.acall") as counters:
+    with mock.patch("tenants.ratelimit.batch.kv.acall") as counters:
         _acount(auth, "create")
     counters.assert_not_called()
 
@@ -204,7 +205,7 @@ def test_async_counting_is_one_round_trip(tenant: Tenant, auth: AuthContext) -> 
         calls.append(1)
         return await real(op, fallback=fallback)
 
-    with mock.patch("tenants.ratelimit.kv.acall", counted):
+    with mock.patch("tenants.ratelimit.batch.kv.acall", counted):
         _acount(auth, "read", polled="task-1")
         assert calls == [1]
         # A poll sooner than pollInterval is charged in the same round trip.
@@ -270,7 +271,7 @@ def test_concurrent_counts_share_round_trips_and_count_exactly(
         return [*first, *second]
 
     with mock.patch("tenants.ratelimit.time.time", return_value=T0 + 1), \
-            mock.patch("tenants.ratelimit.kv.acall", counted):
+            mock.patch("tenants.ratelimit.batch.kv.acall", counted):
         outcomes = async_to_sync(burst)()
     # 6 reads, then two early polls at 2 reads each (10); the rest refused, and not counted.
     assert outcomes[:6] == ["ok"] * 6

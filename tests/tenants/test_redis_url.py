@@ -6,7 +6,6 @@ import asyncio
 import logging
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,15 +15,19 @@ import redis
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
-from tenants import kv, redis_url
+from tenants import kv
 from tenants.auth import AuthContext
 from tenants.checks import redis_url_supported
+from tenants.infra import redis_url
 from tenants.models import Tenant
 from tenants.ratelimit import RateLimited, check_rate
 from tenants.selectors import clear_limits_cache
+from tests.support.clock import frozen_clock
+from tests.support.fast_subset import starts_processes
 from tests.support.requirements import require_redis
 from tests.support.sentinel_proc import SERVICE, PrivateSentinel
 from tests.support.servers import free_port
+from tests.support.waiting import wait_for
 
 SECRET = "s3cr3t-pw"
 
@@ -103,25 +106,29 @@ def test_a_refused_url_never_turns_a_request_into_an_error(settings: Any, caplog
 
 
 @pytest.fixture
+@starts_processes
 def cluster_node(tmp_path: Path) -> Iterator[str]:
     """A lone ``redis-server --cluster-enabled yes`` (no slots assigned: INFO still says so)."""
     binary = shutil.which("redis-server")
     assert binary, "redis-server is not installed"
-    port = free_port()
+    def port_for_the_cluster_bus() -> int | None:
+        port = free_port()
+        return port if port <= 55535 else None  # the cluster bus listens on port + 10000: above, no start
+
+    port = wait_for("a free port below 55536", port_for_the_cluster_bus, timeout=5, every=0)
     proc = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes", "--save", "",
          "--appendonly", "no", "--dir", str(tmp_path), "--cluster-config-file", str(tmp_path / "nodes.conf")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 30  # a loaded CI machine took over 10 s once
-        while True:
+        def up() -> bool:
             try:
-                redis.Redis(port=port, socket_timeout=0.5).ping()
-                break
+                return bool(redis.Redis(port=port, socket_timeout=0.5).ping())
             except redis.ConnectionError:
-                assert time.monotonic() < deadline, "cluster node did not start"
-                time.sleep(0.05)
+                return False
+
+        wait_for("the cluster node to start", up, timeout=30)  # a loaded CI machine took over 10 s once
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         proc.kill()
@@ -146,15 +153,6 @@ def test_a_plain_redis_and_an_unreachable_one_pass_check(settings: Any) -> None:
 
 
 # --- a real Sentinel deployment ------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateSentinel]:
-    require_redis()
-    s = PrivateSentinel(Path(tmp_path_factory.mktemp("sentinel")))
-    s.start()
-    yield s
-    s.stop()
 
 
 def _auth(tenant: Tenant) -> AuthContext:
@@ -198,12 +196,9 @@ def test_counters_follow_a_failover(settings: Any, sentinel: PrivateSentinel,
     try:
         assert kv.call(lambda r: r.incr(key), fallback=lambda store: 0) == 1
         new_port = sentinel.failover()
-        deadline = time.monotonic() + 10
-        while True:
-            if kv.call(lambda r: r.incr(key), fallback=lambda store: 0) > 0 and not kv.breaker.is_open:
-                break
-            assert time.monotonic() < deadline, "the counters client never reached the new primary"
-            time.sleep(0.05)
+        wait_for("the counters client to reach the new primary",
+                 lambda: kv.call(lambda r: r.incr(key), fallback=lambda store: 0) > 0 and not kv.breaker.is_open,
+                 timeout=10)
         node = sentinel.node(new_port)
         assert node is not None and node.client().get(key) is not None
         assert len(caplog.records) <= 2, [r.getMessage() for r in caplog.records]
@@ -223,16 +218,19 @@ def test_a_blocked_read_leaves_the_old_primary_whoever_notices_the_move(sentinel
 
     from redis import asyncio as aioredis
 
-    from tenants import redis_url
+    from tenants.infra import redis_pools
 
     async def scenario() -> float:
-        pool = redis_url.async_pool(sentinel.url, max_connections=10, timeout=5)
+        pool = redis_pools.async_pool(sentinel.url, max_connections=10, timeout=5)
         client = aioredis.Redis(connection_pool=pool)
         try:
             await client.set("blocked-read-probe", 1)
             started = asyncio.get_running_loop().time()
             read = asyncio.ensure_future(client.bzpopmin("blocked-read-probe-q", timeout=20))
-            await asyncio.sleep(0.3)
+            primary = sentinel.node(sentinel.primary_port())
+            assert primary is not None
+            await asyncio.to_thread(wait_for, "the read to block on the primary",
+                                    lambda: primary.client().info("clients")["blocked_clients"] >= 1, timeout=10)
             await asyncio.to_thread(sentinel.failover)
             # What a new connection does on connect: it asks the Sentinels first.
             await pool.get_master_address()
@@ -255,7 +253,9 @@ def test_service_name_is_the_sentinel_service() -> None:
     assert SERVICE == redis_url.parse(f"redis+sentinel://h:1/{SERVICE}").service
 
 
-def test_a_single_server_turned_replica_is_reconnected_not_kept(settings: Any, tmp_path: Path) -> None:
+@pytest.mark.processes(reason="two private redis-server processes")
+def test_a_single_server_turned_replica_is_reconnected_not_kept(settings: Any, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """READONLY drops the connection (a reconnect resolves the name again: DNS-based failovers),
     the call degrades to the local store, and the client works again once the server leads."""
     require_redis()
@@ -269,22 +269,24 @@ def test_a_single_server_turned_replica_is_reconnected_not_kept(settings: Any, t
     kv.reset()
     admin = redis.Redis(port=primary.port)
     try:
-        assert kv.call(lambda r: r.incr("n"), fallback=lambda store: -1) == 1
-        admin.replicaof("127.0.0.1", other.port)
-        assert kv.call(lambda r: r.incr("n"), fallback=lambda store: -1) == -1
-        pool = kv.client().connection_pool
-        assert all(c._sock is None for c in pool._connections), "the connection to the replica was kept"
+        # The breaker opened by each failure stays open until the clock is moved past REDIS_BREAKER_S.
+        with frozen_clock(monkeypatch, kv) as clock:
+            assert kv.call(lambda r: r.incr("n"), fallback=lambda store: -1) == 1
+            admin.replicaof("127.0.0.1", other.port)
+            assert kv.call(lambda r: r.incr("n"), fallback=lambda store: -1) == -1
+            pool = kv.client().connection_pool
+            assert all(c._sock is None for c in pool._connections), "the connection to the replica was kept"
 
-        async def async_side() -> Any:
-            value = await kv.acall(lambda r: r.incr("n"), fallback=lambda store: -1)
-            c = kv.aclient().connection_pool
-            return value, [x for x in c._available_connections if x.is_connected]
+            async def async_side() -> Any:
+                value = await kv.acall(lambda r: r.incr("n"), fallback=lambda store: -1)
+                c = kv.aclient().connection_pool
+                return value, [x for x in c._available_connections if x.is_connected]
 
-        time.sleep(0.15)
-        assert asyncio.run(async_side()) == (-1, [])
-        admin.replicaof("no", "one")
-        time.sleep(0.15)
-        assert kv.call(lambda r: r.set("m", 1), fallback=lambda store: False) is True
+            clock.advance(0.15)
+            assert asyncio.run(async_side()) == (-1, [])
+            admin.replicaof("no", "one")
+            clock.advance(0.15)
+            assert kv.call(lambda r: r.set("m", 1), fallback=lambda store: False) is True
     finally:
         kv.reset()
         admin.close()
@@ -323,7 +325,7 @@ def test_the_newest_epoch_names_the_primary_not_the_first_sentinel() -> None:
     read and group memberships stayed there (a tasks/result stream that never answered)."""
     from redis import sentinel as ssentinel
 
-    from tenants.redis_url import EpochSentinel, _newest_primary
+    from tenants.infra.redis_sentinel import EpochSentinel, _newest_primary
 
     manager = EpochSentinel([("127.0.0.1", 1)])
     manager.sentinels = _views(_FakeSentinel)  # type: ignore[assignment]
@@ -342,7 +344,7 @@ def test_the_newest_epoch_names_the_primary_not_the_first_sentinel() -> None:
 
 
 async def test_the_async_manager_trusts_the_newest_epoch_too() -> None:
-    from tenants.redis_url import AsyncEpochSentinel
+    from tenants.infra.redis_sentinel import AsyncEpochSentinel
 
     manager = AsyncEpochSentinel([("127.0.0.1", 1)])
     manager.sentinels = _views(_AsyncFakeSentinel)  # type: ignore[assignment]

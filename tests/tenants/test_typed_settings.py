@@ -12,7 +12,7 @@ from mcptasks.conf import AppSettings
 from tenants import conf as tenant_conf
 from tenants.checks import tenant_settings
 from tenants.conf import TenantSettings
-from tenants.typed_settings import read_env
+from tenants.infra.typed_settings import read_env
 
 
 def test_only_variables_that_are_set_are_read_and_typed() -> None:

@@ -2,7 +2,7 @@
 
 Selected by ``settings.py`` when ``MCPTASKS_DB_POOLER=transaction``. A transaction pooler
 refuses startup options and shares server connections between clients, so the timeouts of
-:mod:`mcptasks.dbconfig` cannot be connection settings: when Django opens a transaction
+:mod:`mcptasks.db.config` cannot be connection settings: when Django opens a transaction
 (``atomic()`` turns autocommit off) its first statement sets them with ``SET LOCAL`` semantics,
 on whichever server connection the pooler chose for this transaction, and they end with it.
 ``BEGIN`` and that statement are sent as one message, so that no moment of the transaction is
@@ -30,7 +30,8 @@ class DatabaseWrapper(PostgresDatabaseWrapper):
             super()._set_autocommit(autocommit)  # type: ignore[misc]  # not in django-stubs
         if autocommit:
             return
-        from mcptasks import conf, dbconfig
+        from mcptasks import conf
+        from mcptasks.db import config as dbconfig
 
         sql = dbconfig.transaction_settings_sql(conf.get())
         with self.wrap_database_errors:

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from mcptasks import audit
+from mcptasks.audit import trail as audit
 from tenants.models import Tenant
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from mcptasks import services
+from mcptasks.tasks import cleanup
 
 
 class Command(BaseCommand):
@@ -16,7 +16,7 @@ class Command(BaseCommand):
         parser.add_argument("--batch-size", type=int, default=None)
 
     def handle(self, *args: Any, **opts: Any) -> None:
-        counts = services.cleanup_expired(batch_size=opts["batch_size"])
+        counts = cleanup.cleanup_expired(batch_size=opts["batch_size"])
         self.stdout.write(
             f"deleted {counts['tasks']} expired tasks, {counts['requests']} finished requests, "
             f"{counts['events']} stream events, {counts['sessions']} sessions, "

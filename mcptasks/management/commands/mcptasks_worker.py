@@ -12,9 +12,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from mcptasks import hardening
-from mcptasks.runtime import bound_default_executor
-from mcptasks.worker import Worker
-from tenants import redis_url
+from mcptasks.processes.embedded import bound_default_executor
+from mcptasks.worker.loop import Worker
+from tenants.infra import redis_url
 
 
 class Command(BaseCommand):

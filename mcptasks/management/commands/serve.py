@@ -13,7 +13,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from mcptasks import conf, hardening
-from mcptasks.serving import DevServer
+from mcptasks.processes.devserver import DevServer
 
 
 class Command(BaseCommand):

@@ -15,10 +15,12 @@ from django.core.management import CommandError, call_command
 from django.db import connections, transaction
 from django.utils import timezone
 
-from mcptasks import audit, handlers, services
+from mcptasks.audit import trail as audit
+from mcptasks.methods import era2025 as handlers
 from mcptasks.models import AuditAnchor, AuditEvent, McpSession, Task
 from mcptasks.protocol.errors import McpError
 from mcptasks.protocol.messages import TaskIdParams
+from mcptasks.tasks import auditing, transitions
 from tenants.auth import AuthContext
 from tests.support.factories import make_auth
 from tests.support.requirements import require_postgres
@@ -37,7 +39,7 @@ def ctx_for(auth: AuthContext, session: McpSession) -> handlers.RequestContext:
 def test_retrieval_and_failed_lookups_are_audited(auth: AuthContext, session: McpSession,
                                                   task_factory: Any) -> None:
     task: Task = task_factory()
-    assert services.transition(task=task, to="completed", result={"content": []})
+    assert transitions.transition(task=task, to="completed", result={"content": []})
     ctx = ctx_for(auth, session)
     async_to_sync(handlers.tasks_result)(ctx, TaskIdParams(taskId=task.task_id))
     with pytest.raises(McpError):
@@ -55,13 +57,13 @@ def _verify(auth: AuthContext, **kw: Any) -> audit.Report:
 
 def _chain_of_five(auth: AuthContext) -> list[AuditEvent]:
     for n in range(5):
-        services.record_audit(auth=auth, action="test.event", data={"n": n})
+        auditing.record_audit(auth=auth, action="test.event", data={"n": n})
     audit.seal_all()
     return list(AuditEvent.objects.filter(chain=auth.tenant_id).order_by("chain_seq"))
 
 
 def test_appends_are_unsealed_until_the_sealer_chains_them_with_keyed_hashes(auth: AuthContext) -> None:
-    services.record_audit(auth=auth, action="test.event", data={"n": 1})
+    auditing.record_audit(auth=auth, action="test.event", data={"n": 1})
     ev = AuditEvent.objects.get(action="test.event")
     assert ev.hash == "" and ev.chain_seq is None and ev.sealed_at is None
     events = _chain_of_five(auth)
@@ -81,11 +83,11 @@ def test_appends_are_unsealed_until_the_sealer_chains_them_with_keyed_hashes(aut
 
 def test_chains_are_per_tenant_and_late_commits_join_the_next_pass(auth: AuthContext) -> None:
     other = make_auth()
-    services.record_audit(auth=auth, action="a.one")
-    services.record_audit(auth=other, action="b.one")
+    auditing.record_audit(auth=auth, action="a.one")
+    auditing.record_audit(auth=other, action="b.one")
     assert audit.seal() == 2
-    services.record_audit(auth=other, action="b.two")
-    services.record_audit(auth=auth, action="a.two")
+    auditing.record_audit(auth=other, action="b.two")
+    auditing.record_audit(auth=auth, action="a.two")
     assert audit.seal() == 2 and audit.seal() == 0
     for who in (auth, other):
         seqs = list(AuditEvent.objects.filter(chain=who.tenant_id).order_by("chain_seq")
@@ -175,7 +177,7 @@ def test_verify_command_names_the_first_broken_event(auth: AuthContext) -> None:
 
 
 def test_unsealed_events_past_the_grace_are_reported(auth: AuthContext) -> None:
-    services.record_audit(auth=auth, action="test.event")
+    auditing.record_audit(auth=auth, action="test.event")
     AuditEvent.objects.update(created_at=timezone.now() - dt.timedelta(minutes=5))
     assert _verify(auth).stale_unsealed == 1
 
@@ -192,7 +194,7 @@ def test_concurrent_appends_and_sealers_never_fork_a_chain() -> None:
         try:
             for i in range(40):
                 with transaction.atomic():
-                    services.record_audit(auth=auth, action="test.event", data={"w": n, "i": i})
+                    auditing.record_audit(auth=auth, action="test.event", data={"w": n, "i": i})
         finally:
             connections.close_all()
 
@@ -234,12 +236,12 @@ def test_async_appends_share_statements_and_seal_like_the_orms(monkeypatch: pyte
     and are the same rows the ORM writes (the chain verifies); a failing connection falls back."""
     import asyncio
 
-    from mcptasks import fastreads
+    from mcptasks.db import async_sql as fastreads
 
     require_postgres()
     fastreads._failed_until = 0.0
     auth = make_auth()
-    services.record_audit(auth=auth, action="test.sync", data={"n": -1})
+    auditing.record_audit(auth=auth, action="test.sync", data={"n": -1})
     statements: list[str] = []
     real_read = fastreads._read
 

@@ -8,10 +8,12 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 
-from mcptasks import watch
+from mcptasks.audit import throttle, watch
 from mcptasks.models import AuditEvent
 from tenants import kv, ratelimit
 from tenants.exceptions import RateLimited
+from tenants.ratelimit import penalties
+from tests.support.clock import frozen_clock
 from tests.support.factories import make_auth, make_task, make_tenant
 
 pytestmark = pytest.mark.django_db
@@ -34,31 +36,33 @@ def _fresh() -> Iterator[None]:
     watch.flagged.clear()
     kv.local.clear()
     _forget_counters()
-    ratelimit.clear_penalties()
+    penalties.clear_penalties()
     yield
     watch.throttle.clear()
-    ratelimit.clear_penalties()
+    penalties.clear_penalties()
 
 
-def test_refusals_are_audited_at_most_once_per_interval_with_the_suppressed_count(settings: Any) -> None:
-    import time
-
-    from mcptasks import audit
+def test_refusals_are_audited_at_most_once_per_interval_with_the_suppressed_count(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mcptasks.audit import housekeeping as audit
 
     settings.MCPTASKS = {**settings.MCPTASKS, "AUDIT_REFUSAL_EVERY_S": 2.0}
     auth = make_auth()
-    time.sleep(2.0 - time.time() % 2.0 + 0.01)  # a window's start: the burst stays within one
-    for _ in range(50):
+    with frozen_clock(monkeypatch, watch, throttle) as clock:
+        clock.to_next_multiple_of(2.0)  # a window's start: the burst stays within one
+        for _ in range(50):
+            async_to_sync(watch.arefused)(auth=auth, action="ratelimit.refused", data={"class": "read"})
+        events = list(AuditEvent.objects.filter(action="ratelimit.refused"))
+        assert len(events) == 1 and "suppressed" not in events[0].data
+        clock.to_next_multiple_of(2.0)  # the window ended
+        audit.housekeep()
+        summary = AuditEvent.objects.get(action="audit.suppressed")
+        assert (summary.tenant_id, summary.data["kind"], summary.data["count"]) == (
+            auth.tenant_id, "ratelimit.refused", 49)
         async_to_sync(watch.arefused)(auth=auth, action="ratelimit.refused", data={"class": "read"})
-    events = list(AuditEvent.objects.filter(action="ratelimit.refused"))
-    assert len(events) == 1 and "suppressed" not in events[0].data
-    time.sleep(2.0 - time.time() % 2.0 + 0.01)  # the window ended
-    audit.housekeep()
-    summary = AuditEvent.objects.get(action="audit.suppressed")
-    assert (summary.tenant_id, summary.data["kind"], summary.data["count"]) == (auth.tenant_id, "ratelimit.refused", 49)
-    async_to_sync(watch.arefused)(auth=auth, action="ratelimit.refused", data={"class": "read"})
-    latest = AuditEvent.objects.filter(action="ratelimit.refused").order_by("-id").first()
-    assert latest is not None and latest.pk != events[0].pk and latest.principal_id == auth.principal_id
+        latest = AuditEvent.objects.filter(action="ratelimit.refused").order_by("-id").first()
+        assert latest is not None and latest.pk != events[0].pk and latest.principal_id == auth.principal_id
 
 
 def test_the_in_process_suppressed_counts_are_bounded(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -79,7 +83,7 @@ def test_enumeration_is_flagged_once_and_tightens_the_principals_rate(settings: 
     flags = list(AuditEvent.objects.filter(action="flag.enumeration"))
     assert len(flags) == 1
     assert flags[0].principal_id == auth.principal_id and flags[0].data["penalty_s"] == 60
-    assert ratelimit.penalty_of(principal_id=auth.principal_id) == 3
+    assert penalties.penalty_of(principal_id=auth.principal_id) == 3
     for _ in range(3):
         ratelimit.check_rate(auth=auth, op_class="read")
     with pytest.raises(RateLimited):
@@ -96,7 +100,7 @@ def test_without_a_penalty_setting_flags_do_not_limit(settings: Any) -> None:
     for n in range(3):
         watch.lookup_failed(auth=auth, method="tasks/get", task_id=f"g{n}", error="Task not found")
     assert AuditEvent.objects.filter(action="flag.enumeration").count() == 1
-    assert ratelimit.penalty_of(principal_id=auth.principal_id) is None
+    assert penalties.penalty_of(principal_id=auth.principal_id) is None
 
 
 def test_a_lookup_of_another_tenants_task_is_recorded_in_the_owners_chain_only() -> None:

@@ -66,7 +66,7 @@ def test_healthz_is_liveness_and_readyz_checks_database_and_layer() -> None:
 
 
 def test_readyz_is_503_when_the_database_is_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mcptasks import views
+    from mcptasks.console import views
 
     monkeypatch.setattr(views, "_database_ok", lambda: False)
     ready = Client().get("/readyz")
@@ -158,10 +158,10 @@ def test_workers_show_alive_or_dead(root: Client) -> None:
 
     from django.utils import timezone
 
-    from mcptasks import services
+    from mcptasks.worker import rows
 
-    services.worker_heartbeat(worker_id="w-alive", hostname="h", pid=1, concurrency=4, running=0)
-    services.worker_heartbeat(worker_id="w-dead", hostname="h", pid=2, concurrency=4, running=0)
+    rows.worker_heartbeat(worker_id="w-alive", hostname="h", pid=1, concurrency=4, running=0)
+    rows.worker_heartbeat(worker_id="w-dead", hostname="h", pid=2, concurrency=4, running=0)
     from mcptasks.models import WorkerHeartbeat
 
     WorkerHeartbeat.objects.filter(worker_id="w-dead").update(last_seen_at=timezone.now() - dt.timedelta(hours=1))
@@ -224,9 +224,9 @@ def test_no_admin_page_shows_a_secret_and_secret_edits_are_audited_blind(root: C
 
 
 def test_dashboard_shows_a_tenants_figures_to_its_operators_only(root: Client, two_tenants: dict[str, Any]) -> None:
-    from mcptasks import services
+    from mcptasks.tasks import transitions
 
-    services.transition(task=two_tenants["task_a"], to="completed", result={"content": []})
+    transitions.transition(task=two_tenants["task_a"], to="completed", result={"content": []})
     page = root.get(reverse("dashboard"), {"tenant": "acme"})
     assert page.status_code == 200
     data = page.context["chart_data"]
@@ -244,7 +244,7 @@ def test_dashboard_shows_a_tenants_figures_to_its_operators_only(root: Client, t
 
 
 def test_metrics_report_tasks_queue_workers_and_refusals(two_tenants: dict[str, Any], settings: Any) -> None:
-    from mcptasks.metrics import REFUSALS
+    from mcptasks.observability.metrics import REFUSALS
 
     settings.MCPTASKS = {**settings.MCPTASKS, "METRICS_TOKEN": "scrape-token"}
     REFUSALS.labels("ratelimit.refused").inc()
@@ -256,7 +256,7 @@ def test_metrics_report_tasks_queue_workers_and_refusals(two_tenants: dict[str, 
 
 
 def test_serve_prints_a_working_operator_login(tmp_path: Any, settings: Any) -> None:
-    from mcptasks.serving import DevServer
+    from mcptasks.processes.devserver import DevServer
 
     settings.VAR_DIR = tmp_path
     server = DevServer(host="127.0.0.1", port=8765)
@@ -401,7 +401,7 @@ def test_task_page_caps_large_results_with_a_download_and_shows_workers_to_all_t
         root: Client, two_tenants: dict[str, Any]) -> None:
     from django.utils import timezone
 
-    from mcptasks import taskpage
+    from mcptasks.console import taskpage
 
     big = {"content": [{"type": "text", "text": "x" * (taskpage.INLINE_CHARS + 500)}], "isError": False}
     task = _running(two_tenants["task_a"], status="completed", result=big, finished_at=timezone.now())

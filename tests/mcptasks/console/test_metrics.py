@@ -70,7 +70,7 @@ def test_default_executor_is_bounded_by_sync_threads(settings: Any) -> None:
     """ORM calls from async code that do not share the request thread run on a bounded pool."""
     import asyncio
 
-    from mcptasks.runtime import bound_default_executor
+    from mcptasks.processes.embedded import bound_default_executor
 
     settings.MCPTASKS = {**settings.MCPTASKS, "SYNC_THREADS": 3}
 

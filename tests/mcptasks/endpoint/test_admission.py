@@ -1,4 +1,4 @@
-"""The one admission pipeline (mcptasks.transport.admission) both eras run, and the one error table.
+"""The one admission pipeline (mcptasks.endpoint.admission) both eras run, and the one error table.
 
 Driven in-process through the real consumer (Channels' HttpCommunicator), with PostgreSQL and
 Redis: the 2026-07-28 era now counts rate limits on the same async path as the session-based
@@ -18,9 +18,11 @@ from channels.layers import channel_layers
 from channels.testing import HttpCommunicator
 
 from mcptasks.asgi import router
-from mcptasks.era2026 import handlers as era_handlers
-from mcptasks.handlers import dispatcher as session_dispatcher
+from mcptasks.endpoint import admission, errors
+from mcptasks.methods import era2026 as era_handlers
+from mcptasks.methods.era2025 import dispatcher as session_dispatcher
 from mcptasks.models import AuditEvent
+from mcptasks.protocol import jsonrpc
 from mcptasks.protocol.era2026 import TASKS_EXTENSION, RequestMeta
 from mcptasks.protocol.errors import (
     HEADER_MISMATCH,
@@ -30,7 +32,6 @@ from mcptasks.protocol.errors import (
     UNSUPPORTED_PROTOCOL_VERSION,
     McpError,
 )
-from mcptasks.transport import admission, errors
 from tenants import ratelimit
 from tenants import services as tenant_services
 from tenants.context import AuthContext
@@ -214,6 +215,6 @@ def test_the_one_table_answers_each_era(code: int, status_2026: int) -> None:
 
 
 def test_one_payload_too_large_body() -> None:
-    body = json.loads(errors.payload_too_large_body(1024))
+    body = json.loads(jsonrpc.payload_too_large_body(1024))
     message = "Payload Too Large: the limit is 1024 bytes"
     assert body == {"jsonrpc": "2.0", "error": {"code": -32600, "message": message}}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,18 +16,17 @@ from asgiref.sync import (
     async_to_sync,
     sync_to_async,  # noqa: I001
 )
-from channels.layers import channel_layers
 from channels.testing import HttpCommunicator
 from django.db import connection
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mcptasks.asgi import router
-from mcptasks.worker import Worker
+from mcptasks.worker.loop import Worker
 from tests.support.client import iter_sse
 from tests.support.schema import validate_server_message
 
-pytestmark = [pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("anonymous_in_memory")]
 
 BASE_HEADERS = [
     (b"host", b"127.0.0.1:8000"),
@@ -38,18 +37,6 @@ INIT = {
     "jsonrpc": "2.0", "id": 1, "method": "initialize",
     "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
 }
-
-
-@pytest.fixture(autouse=True)
-def anonymous(settings: Any) -> Iterator[None]:  # noqa: F811  (pytest-django's settings fixture)
-    settings.MCPTASKS = {**settings.MCPTASKS, "WORKER_POLL_S": 0.2}
-    settings.TENANTS = {**settings.TENANTS, "ALLOW_ANONYMOUS": True}
-    # Each test here runs its own event loop in one process: the in-memory layer, since
-    # channels-redis keeps one receive loop per process (Redis is covered end to end in e2e).
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    channel_layers.backends = {}
-    yield
-    channel_layers.backends = {}
 
 
 async def post(body: Any, headers: list[tuple[bytes, bytes]] | None = None, *, raw: bytes | None = None,
@@ -208,7 +195,7 @@ async def test_an_event_arriving_early_pulls_the_one_still_in_flight_from_the_st
     """Sequence numbers are gap-free per stream: seeing n+2 first, the consumer sends n+1, n+2."""
     from channels.layers import get_channel_layer
 
-    from mcptasks import bus
+    from mcptasks.streams import events, signals
 
     headers = await initialize()
     sid = dict(headers)[b"mcp-session-id"].decode()
@@ -220,14 +207,14 @@ async def test_an_event_arriving_early_pulls_the_one_still_in_flight_from_the_st
     assert start["type"] == "http.response.start" and start["status"] == 200
     priming = (await comm.receive_output(5))["body"].decode()
     assert priming.startswith("id: ") and "data: " in priming
-    stream_id = bus.get_stream_id(sid)
+    stream_id = events.get_stream_id(sid)
     # Two publishers; the first one's push is "still in flight" (never sent here at all).
-    append = sync_to_async(bus._append)
+    append = sync_to_async(events._append)
     first = await append(session_id=sid, stream_id=stream_id, data='{"jsonrpc":"2.0","method":"a"}')
     second = await append(session_id=sid, stream_id=stream_id, data='{"jsonrpc":"2.0","method":"b"}')
     assert second.seq == first.seq + 1
     await get_channel_layer().group_send(
-        bus.stream_group(stream_id),
+        signals.stream_group(stream_id),
         {"type": "stream.event", "event_id": second.event_id, "seq": second.seq, "data": second.data},
     )
     text = ""
@@ -243,7 +230,8 @@ async def test_database_outage_is_a_503_with_retry_after(monkeypatch: pytest.Mon
     """Issue 11 item 5: while the database is away the answer is 503 + Retry-After, never 500."""
     from django.db import OperationalError
 
-    from mcptasks import fastreads, selectors
+    from mcptasks.db import async_sql as fastreads
+    from mcptasks.tasks import selectors
 
     headers = await initialize()
 
@@ -273,7 +261,7 @@ async def test_no_reconnect_hop_per_message_and_an_outage_in_a_write_is_a_503(
     import channels.consumer
     from django.db import OperationalError
 
-    from mcptasks import services
+    from mcptasks.tasks import sessions
 
     headers = await initialize()
     hops: list[int] = []
@@ -288,7 +276,7 @@ async def test_no_reconnect_hop_per_message_and_an_outage_in_a_write_is_a_503(
     def unavailable(**_: Any) -> None:
         raise OperationalError("connection failed: server closed the connection unexpectedly")
 
-    monkeypatch.setattr(services, "mark_initialized", unavailable)
+    monkeypatch.setattr(sessions, "mark_initialized", unavailable)
     response = await post({"jsonrpc": "2.0", "method": "notifications/initialized"}, headers)
     assert response["status"] == 503
     assert headers_of(response)["retry-after"] == "5"
@@ -296,7 +284,7 @@ async def test_no_reconnect_hop_per_message_and_an_outage_in_a_write_is_a_503(
 
 async def test_refusals_reach_the_audit_trail(settings: Any) -> None:
     """A presented bad token and a 429, each answered and audited."""
-    from mcptasks import watch
+    from mcptasks.audit import watch
     from mcptasks.models import AuditEvent
     from tenants import services as tenant_services
     from tenants.models import Tenant
@@ -322,7 +310,7 @@ async def test_refusals_reach_the_audit_trail(settings: Any) -> None:
 
 
 async def test_a_missing_scope_is_refused_and_audited(settings: Any) -> None:
-    from mcptasks import watch
+    from mcptasks.audit import watch
     from mcptasks.models import AuditEvent
     from tenants import services as tenant_services
     from tenants.models import Tenant
@@ -347,7 +335,7 @@ async def test_a_missing_scope_is_refused_and_audited(settings: Any) -> None:
 async def test_concurrent_requests_share_one_verification_and_one_limits_read(monkeypatch: Any) -> None:
     """When a token's cached verdict (or a tenant's cached limits) lapses, the requests in flight
     share one database hop instead of each queuing its own on the shared database thread."""
-    from mcptasks.transport import admission, consumer
+    from mcptasks.endpoint import admission, gate
     from tenants import services as tenant_services
     from tenants.auth_cache import cache
     from tenants.selectors import clear_limits_cache
@@ -366,7 +354,7 @@ async def test_concurrent_requests_share_one_verification_and_one_limits_read(mo
             return real(**kw)
         return wrapped
 
-    monkeypatch.setattr(consumer, "authenticate", counting("authenticate", consumer.authenticate))
+    monkeypatch.setattr(gate, "authenticate", counting("authenticate", gate.authenticate))
     # The limits are read by the admission pipeline both eras run.
     monkeypatch.setattr(admission, "tenant_row", counting("tenant_row", admission.tenant_row))
     cache.clear()
@@ -412,7 +400,7 @@ def lose_pushes(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Callable[[], 
     worker's signals, stream events) is skipped. The breaker is kept from closing, since a send
     already in flight when it opened closes it when it gets through.
     """
-    from mcptasks import layers
+    from mcptasks.streams import layers
 
     settings.MCPTASKS = {**settings.MCPTASKS, "TASK_RESULT_RECHECK_S": 0.3, "SSE_KEEPALIVE_S": 0.5,
                          "SSE_MAX_STREAM_S": 8.0}
@@ -477,7 +465,7 @@ async def test_the_recheck_of_a_tasks_result_stream_sends_stored_events_whose_pu
     Before the fix the backstop re-check only re-read the task, never the stream's stored events:
     a lost push (a worker's progress notification, an input request) waited for the lifetime.
     """
-    from mcptasks import bus
+    from mcptasks.streams import events
 
     headers = await initialize()
     sid = dict(headers)[b"mcp-session-id"].decode()
@@ -492,14 +480,14 @@ async def test_the_recheck_of_a_tasks_result_stream_sends_stored_events_whose_pu
         assert start["status"] == 200
         priming, _ = await _read_sse_until(comm, lambda t: "id: " in t and "\n\n" in t, 5)
         event_id = [line[4:] for line in priming.splitlines() if line.startswith("id: ")][0]
-        parsed = bus.parse_event_id(event_id)
+        parsed = events.parse_event_id(event_id)
         assert parsed is not None
         stream_id = parsed[0]
         lose_pushes()
         # Stored by "another process", its push never sent (no worker runs: the task stays working).
         note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "lost"}}
         data = json.dumps(note, separators=(",", ":"))
-        await sync_to_async(bus._append)(session_id=sid, stream_id=stream_id, data=data)
+        await sync_to_async(events._append)(session_id=sid, stream_id=stream_id, data=data)
         text, ended = await _read_sse_until(comm, lambda t: '"data":"lost"' in t, 3)
         assert '"data":"lost"' in text, f"not sent within 3 s (ended={ended}): {text!r}"
         assert not ended  # still waiting for the result
@@ -518,8 +506,8 @@ async def test_a_resumed_tasks_result_stream_keeps_its_binding_when_the_dropped_
     shared id): the task's input requests and status notifications then went to the session's
     GET stream, and the resumed stream waited for its lifetime.
     """
-    from mcptasks import services
     from mcptasks.models import Task
+    from mcptasks.tasks import messages
 
     settings.MCPTASKS = {**settings.MCPTASKS, "TASK_RESULT_RECHECK_S": 0.3}
     headers = await initialize()
@@ -543,7 +531,7 @@ async def test_a_resumed_tasks_result_stream_keeps_its_binding_when_the_dropped_
         await first.wait(5)
         task = await sync_to_async(Task.objects.get)(task_id=task_id)
         # A tool asks the client something (no worker runs here: queued as a worker would).
-        await sync_to_async(services.add_task_message)(
+        await sync_to_async(messages.add_task_message)(
             task=task, method="elicitation/create",
             params={"message": "name?", "requestedSchema": {"type": "object", "properties": {}}},
         )
@@ -560,8 +548,8 @@ async def test_a_resumed_tasks_result_stream_keeps_its_binding_when_the_dropped_
 
 def bus_stream_of(event_id: str) -> str:
     """The stream id of an SSE event id."""
-    from mcptasks import bus
+    from mcptasks.streams import events
 
-    parsed = bus.parse_event_id(event_id)
+    parsed = events.parse_event_id(event_id)
     assert parsed is not None
     return parsed[0]

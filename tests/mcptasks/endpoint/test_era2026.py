@@ -10,12 +10,10 @@ rounds, a task with elicitation) run end to end against daphne: tests/e2e/test_e
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
-from channels.layers import channel_layers
 from channels.testing import HttpCommunicator
 
 from mcptasks.asgi import router
@@ -25,22 +23,12 @@ from tenants import services as tenant_services
 from tests.support.factories import make_tenant
 from tests.support.schema2026 import validate_response
 
-pytestmark = [pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("anonymous_in_memory")]
 
 V = "2026-07-28"
 TASKS_CAPS = {"elicitation": {}, "extensions": {TASKS_EXTENSION: {}}}
 NAME_SOURCE = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri",
                "tasks/get": "taskId", "tasks/update": "taskId", "tasks/cancel": "taskId"}
-
-
-@pytest.fixture(autouse=True)
-def anonymous(settings: Any) -> Iterator[None]:  # noqa: F811  (pytest-django's settings fixture)
-    settings.MCPTASKS = {**settings.MCPTASKS, "WORKER_POLL_S": 0.2}
-    settings.TENANTS = {**settings.TENANTS, "ALLOW_ANONYMOUS": True}
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    channel_layers.backends = {}
-    yield
-    channel_layers.backends = {}
 
 
 def headers_for(method: str, params: dict[str, Any], *, token: str | None = None,

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from django.core import signing
 
-from mcptasks.era2026 import state
-from mcptasks.era2026.transport import check_param_headers, header_value, selects
+from mcptasks.endpoint.eras import check_param_headers, header_value, selects
+from mcptasks.methods import request_state as state
 from mcptasks.protocol.errors import HEADER_MISMATCH, INVALID_PARAMS, McpError
-from mcptasks.worker import WAITING_FACTOR, Worker
+from mcptasks.worker.loop import WAITING_FACTOR, Worker
 from tenants.auth import AuthContext
 
 

@@ -9,12 +9,14 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.db import OperationalError
 
-from mcptasks import fastreads, selectors, services
-from mcptasks.era2026 import handlers
-from mcptasks.era2026 import tasks as era_tasks
-from mcptasks.era2026.listen import Listen
+from mcptasks.db import async_sql as fastreads
+from mcptasks.endpoint.listen_feed import ListenFeed
+from mcptasks.endpoint.stream_session import StreamSession
+from mcptasks.methods.listen import Listen
 from mcptasks.models import Task, TaskStatus
-from mcptasks.transport.consumer import McpConsumer
+from mcptasks.tasks import era2026 as era_tasks
+from mcptasks.tasks import era2026_view as handlers
+from mcptasks.tasks import messages, selectors, transitions
 from tests.support.factories import expire, make_auth, make_task
 from tests.support.requirements import require_postgres
 
@@ -34,7 +36,7 @@ def _no_orm(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("the listen read went through the ORM")
 
     monkeypatch.setattr(selectors, "_task_queryset", refuse)
-    monkeypatch.setattr(era_tasks, "pending_requests", refuse)
+    monkeypatch.setattr(handlers, "pending_requests", refuse)
 
 
 def _changes(listen: Listen, task_ids: list[str] | None = None) -> list[dict[str, Any]]:
@@ -56,10 +58,11 @@ def test_notifications_are_tasks_get_for_that_caller_read_without_the_orm(monkey
 
     reader = make_auth(tenant=Tenant.objects.get(pk=owner.tenant_id), scopes="mcp:tools mcp:tasks mcp:tasks:tenant")
     asking, done, plain, gone = (make_task(owner) for _ in range(4))
-    services.add_task_message(task=asking, method="elicitation/create",
+    messages.add_task_message(task=asking, method="elicitation/create",
                               params={"message": "Delete?", "requestedSchema": {"type": "object"}})
     assert Task.objects.get(pk=asking.pk).status == TaskStatus.INPUT_REQUIRED
-    assert services.transition(task=done, to=TaskStatus.COMPLETED, result={"content": [{"type": "text", "text": "ok"}]})
+    assert transitions.transition(task=done, to=TaskStatus.COMPLETED,
+                                  result={"content": [{"type": "text", "text": "ok"}]})
     expire(gone)
     ids = [asking.task_id, done.task_id, plain.task_id, gone.task_id]
     # What tasks/get answers each caller, through the sync ORM path.
@@ -93,7 +96,7 @@ def test_an_unchanged_task_is_not_sent_twice() -> None:
     listen = Listen(auth=owner, request_id=1, agreed={}, task_ids=[task.task_id])
     assert len(_changes(listen)) == 1
     assert _changes(listen) == []
-    services.set_status_message(task=task, message="halfway")
+    transitions.set_status_message(task=task, message="halfway")
     (again,) = _changes(listen)
     assert again["params"]["statusMessage"] == "halfway"
 
@@ -114,21 +117,31 @@ class _Recorder:
         return [f"frame {len(self.reads)}".encode()]
 
 
-def _consumer(listen: _Recorder) -> tuple[McpConsumer, list[bytes]]:
-    consumer = McpConsumer()
-    consumer.listen = listen  # type: ignore[assignment]
-    sent: list[bytes] = []
+class _Wire:
+    """Stands in for the HTTP response: records what the stream writes."""
 
-    async def send_body(body: bytes, *, more_body: bool = False) -> None:
-        sent.append(body)
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
 
-    consumer.send_body = send_body  # type: ignore[method-assign]
-    return consumer, sent
+    async def send_headers(self, *, status: int = 200, headers: Any = None) -> None:
+        pass
+
+    async def send_body(self, body: bytes, *, more_body: bool = False) -> None:
+        self.sent.append(body)
 
 
-async def _signal(consumer: McpConsumer, message: dict[str, Any]) -> None:
+def _consumer(listen: _Recorder) -> tuple[ListenFeed, list[bytes]]:
+    # The listen a consumer's stream serves (what the consumer dispatches to).
+    wire = _Wire()
+    stream = StreamSession(wire, None, cors_headers=[])
+    consumer = ListenFeed(stream, listen)  # type: ignore[arg-type]
+    stream.follower = consumer
+    return consumer, wire.sent
+
+
+async def _signal(consumer: ListenFeed, message: dict[str, Any]) -> None:
     # The handler must return without waiting for the read (bounded: a regression fails, not hangs).
-    await asyncio.wait_for(consumer.task_signal(message), timeout=5)
+    await asyncio.wait_for(consumer.stream.handle(message), timeout=5)
 
 
 def test_signals_arriving_during_a_read_share_the_next_read() -> None:
@@ -141,11 +154,11 @@ def test_signals_arriving_during_a_read_share_the_next_read() -> None:
         for task_id in ("b", "c", "b"):
             await _signal(consumer, {"type": "task.signal", "task_id": task_id})
         listen.release.set()
-        assert consumer._listen_reader is not None
-        await consumer._listen_reader
+        assert consumer._reader is not None
+        await consumer._reader
         # A re-check (no task id) reads every watched task.
         await _signal(consumer, {"type": "task.signal", "event": "recheck"})
-        await consumer._listen_reader
+        await consumer._reader
         return listen.reads, sent
 
     reads, sent = async_to_sync(scenario)()
@@ -159,12 +172,12 @@ def test_a_failed_read_fails_in_the_consumers_dispatch() -> None:
         consumer, _sent = _consumer(listen)
         await _signal(consumer, {"type": "task.signal", "task_id": "a"})
         listen.release.set()
-        assert consumer._listen_reader is not None
-        await consumer._listen_reader
-        message = consumer._local.get_nowait()
+        assert consumer._reader is not None
+        await consumer._reader
+        message = consumer.stream.local.get_nowait()
         assert message == {"type": "listen.failed"}
         try:
-            await consumer.listen_failed(message)
+            await consumer.stream.handle(message)
         except OperationalError as exc:
             return exc
         return None
@@ -177,26 +190,26 @@ def test_a_2026_tasks_change_goes_straight_to_its_signal(monkeypatch: pytest.Mon
     """A 2026-07-28 task's session is one request's row that no client holds: a status change
     stores no 2025 notification there (a transaction and a channel-layer send that would come
     before the listen's wake-up), while a 2025-11-25 session's task still gets its own."""
-    from mcptasks import bus
     from mcptasks.models import StreamEvent
     from mcptasks.protocol.era2026 import RequestMeta
+    from mcptasks.streams import signals as stream_signals
     from tests.support.factories import make_session
 
     signals: list[str] = []
-    monkeypatch.setattr(bus, "signal_task", lambda task_id, event, **_: signals.append(task_id))
+    monkeypatch.setattr(stream_signals, "signal_task", lambda task_id, event, **_: signals.append(task_id))
     owner = make_auth()
     request_row = era_tasks.open_request_session(auth=owner, meta=RequestMeta.model_validate(
         {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}))
     new_era = make_task(owner, request_row)
     old_era = make_task(owner, make_session(owner))
     before = StreamEvent.objects.count()
-    assert services.set_status_message(task=new_era, message="a")
+    assert transitions.set_status_message(task=new_era, message="a")
     assert StreamEvent.objects.count() == before
-    assert services.set_status_message(task=old_era, message="b")
+    assert transitions.set_status_message(task=old_era, message="b")
     assert StreamEvent.objects.filter(session_id=old_era.session_id).count() == 1
     assert StreamEvent.objects.count() == before + 1
     assert signals == [new_era.task_id, old_era.task_id]
     # A 2025-11-25 tasks/result stream waiting on the 2026 task still gets its notifications.
     Task.objects.filter(pk=new_era.pk).update(stream_id="r-bound")
-    assert services.set_status_message(task=new_era, message="c")
+    assert transitions.set_status_message(task=new_era, message="c")
     assert StreamEvent.objects.filter(stream_id="r-bound").count() == 1

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from django.db import OperationalError
 
-from mcptasks.handlers import dispatcher, operation_class, required_scope
+from mcptasks.endpoint.errors import PASSTHROUGH, TABLE, answer
+from mcptasks.methods.era2025 import dispatcher, operation_class, required_scope
 from mcptasks.protocol.errors import INTERNAL_ERROR, INVALID_PARAMS, McpError
 from mcptasks.protocol.messages import CLIENT_NOTIFICATIONS, CancelledNotificationParams
-from mcptasks.transport.errors import PASSTHROUGH, TABLE, answer
 from tenants.exceptions import QuotaExceeded, RateLimited
 
 

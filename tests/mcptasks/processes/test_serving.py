@@ -12,7 +12,7 @@ import pytest
 from django.utils import timezone
 from oauth2_provider.models import get_access_token_model
 
-from mcptasks.serving import DevServer
+from mcptasks.processes.devserver import DevServer
 
 pytestmark = pytest.mark.django_db
 

@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from mcptasks import bus, services
 from mcptasks.models import StreamCursor, StreamEvent
+from mcptasks.streams import events, signals
+from mcptasks.tasks import cleanup, transitions
 
 pytestmark = pytest.mark.django_db
 
@@ -15,12 +16,12 @@ pytestmark = pytest.mark.django_db
 def test_numbering_continues_after_cleanup_removed_an_orphan_cursor() -> None:
     # Tasks enqueued without a client have a session id with no session row: cleanup treats
     # their stream's cursor as an orphan while the stream's events are still retained.
-    stream = bus.get_stream_id("no-such-session")
+    stream = events.get_stream_id("no-such-session")
     for _ in range(3):
-        bus.publish(session_id="no-such-session", stream_id=stream, message={"n": 1})
-    services.cleanup_expired()
+        events.publish(session_id="no-such-session", stream_id=stream, message={"n": 1})
+    cleanup.cleanup_expired()
     assert not StreamCursor.objects.filter(pk=stream).exists()
-    event_id = bus.publish(session_id="no-such-session", stream_id=stream, message={"n": 2})
+    event_id = events.publish(session_id="no-such-session", stream_id=stream, message={"n": 2})
     assert event_id == f"{stream}.4"
     assert list(StreamEvent.objects.filter(stream_id=stream).order_by("seq").values_list("seq", flat=True)) == [
         1, 2, 3, 4,
@@ -41,8 +42,8 @@ def _sender_spy(monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[str, dict[s
         sent.append((group, message))
         return True
 
-    monkeypatch.setattr(bus, "group_send", fake_group_send)
-    monkeypatch.setattr(bus, "get_channel_layer", lambda: object())
+    monkeypatch.setattr(signals, "group_send", fake_group_send)
+    monkeypatch.setattr(signals, "get_channel_layer", lambda: object())
     return sent, release
 
 
@@ -52,18 +53,24 @@ async def test_wake_ups_from_a_thread_do_not_wait_for_the_channel_layer(monkeypa
     import asyncio
 
     sent, release = _sender_spy(monkeypatch)
-    bus.serve_on(asyncio.get_running_loop())
+    signals.serve_on(asyncio.get_running_loop())
     try:
         # Returns although the send cannot finish until released (it would block otherwise).
-        await asyncio.wait_for(asyncio.to_thread(bus.wake_workers), timeout=2)
+        await asyncio.wait_for(asyncio.to_thread(signals.wake_workers), timeout=2)
         assert sent == []
         release.set()
-        await bus.flush(within_s=2)
-        assert sent == [(bus.WORKERS_GROUP, {"type": "worker.wake"})]
-        await asyncio.wait_for(asyncio.to_thread(bus.signal_task, "t1", "changed"), timeout=2)
-        assert sent[-1] == (bus.task_group("t1"), {"type": "task.signal", "task_id": "t1", "event": "changed"})
+        await signals.flush(within_s=2)
+        assert sent == [(signals.WORKERS_GROUP, {"type": "worker.wake"})]
+        await asyncio.wait_for(asyncio.to_thread(signals.signal_task, "t1", "changed"), timeout=2)
+        assert sent[-1] == (signals.task_group("t1"), {"type": "task.signal", "task_id": "t1", "event": "changed"})
     finally:
-        bus.serve_on(None)
+        signals.serve_on(None)
+
+
+async def _sender_done() -> None:
+    """Wait for this loop's wake-up sender to end: nothing more is sent until the next request."""
+    await signals.flush(within_s=5)
+    assert not signals._wake["running"], "the wake-up sender is still running"
 
 
 async def test_a_burst_of_wake_ups_becomes_a_few_sends(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -71,22 +78,22 @@ async def test_a_burst_of_wake_ups_becomes_a_few_sends(monkeypatch: pytest.Monke
 
     sent, release = _sender_spy(monkeypatch)
     release.set()
-    bus.serve_on(asyncio.get_running_loop())
+    signals.serve_on(asyncio.get_running_loop())
     try:
         for _ in range(50):
-            await asyncio.to_thread(bus.wake_workers)
-        await asyncio.sleep(bus.WAKE_GAP_S * 3)
-        await bus.flush(within_s=2)
-        wakes = [m for g, m in sent if g == bus.WORKERS_GROUP]
+            await asyncio.to_thread(signals.wake_workers)
+        # Each request reached the loop before its to_thread call returned (call_soon_threadsafe,
+        # in order), so the sender is running: wait for it to end, trailing gap included.
+        await _sender_done()
+        wakes = [m for g, m in sent if g == signals.WORKERS_GROUP]
         # The first at once, then at most one per gap: far fewer than 50, never zero after the last.
         assert 1 <= len(wakes) < 50
         count = len(wakes)
-        await asyncio.to_thread(bus.wake_workers)  # a later request is never lost
-        await asyncio.sleep(bus.WAKE_GAP_S * 3)
-        await bus.flush(within_s=2)
-        assert len([m for g, m in sent if g == bus.WORKERS_GROUP]) == count + 1
+        await asyncio.to_thread(signals.wake_workers)  # a later request is never lost
+        await _sender_done()
+        assert len([m for g, m in sent if g == signals.WORKERS_GROUP]) == count + 1
     finally:
-        bus.serve_on(None)
+        signals.serve_on(None)
 
 
 async def test_a_wake_up_skipped_by_an_open_breaker_is_sent_once_redis_answers(
@@ -106,20 +113,20 @@ async def test_a_wake_up_skipped_by_an_open_breaker_is_sent_once_redis_answers(
             sent.append(group)
         return ok
 
-    monkeypatch.setattr(bus, "group_send", flaky_group_send)
-    monkeypatch.setattr(bus, "get_channel_layer", lambda: object())
-    monkeypatch.setattr(bus, "WAKE_RETRY_S", 0.01, raising=False)
-    bus.serve_on(asyncio.get_running_loop())
+    monkeypatch.setattr(signals, "group_send", flaky_group_send)
+    monkeypatch.setattr(signals, "get_channel_layer", lambda: object())
+    monkeypatch.setattr(signals, "WAKE_RETRY_S", 0.01, raising=False)
+    signals.serve_on(asyncio.get_running_loop())
     try:
-        await asyncio.to_thread(bus.wake_workers)
+        await asyncio.to_thread(signals.wake_workers)
         for _ in range(200):
             if sent:
                 break
             await asyncio.sleep(0.01)
-        assert sent == [bus.WORKERS_GROUP]
-        await bus.flush(within_s=2)
+        assert sent == [signals.WORKERS_GROUP]
+        await signals.flush(within_s=2)
     finally:
-        bus.serve_on(None)
+        signals.serve_on(None)
 def _layer_spy(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, object]]]:
     """Record group sends (sent at once) instead of sending them."""
     sent: list[tuple[str, dict[str, object]]] = []
@@ -128,8 +135,8 @@ def _layer_spy(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, obj
         sent.append((group, message))
         return True
 
-    monkeypatch.setattr(bus, "group_send", fake_group_send)
-    monkeypatch.setattr(bus, "get_channel_layer", lambda: object())
+    monkeypatch.setattr(signals, "group_send", fake_group_send)
+    monkeypatch.setattr(signals, "get_channel_layer", lambda: object())
     return sent
 
 
@@ -142,17 +149,17 @@ def test_publish_many_numbers_each_stream_like_one_publish_at_a_time(monkeypatch
     from django.db import transaction
 
     sent = _layer_spy(monkeypatch)
-    a, b, orphan = "pA", "pB", bus.get_stream_id("gone-session")
-    bus.publish(session_id="s1", stream_id=a, message={"n": 0})
+    a, b, orphan = "pA", "pB", events.get_stream_id("gone-session")
+    events.publish(session_id="s1", stream_id=a, message={"n": 0})
     for i in range(3):  # events whose cursor cleanup removed (as in the test above)
-        bus.publish(session_id="gone-session", stream_id=orphan, message={"old": i})
+        events.publish(session_id="gone-session", stream_id=orphan, message={"old": i})
     StreamCursor.objects.filter(pk=orphan).delete()
     sent.clear()
     settings.MCPTASKS = {**settings.MCPTASKS, "STREAM_MAX_EVENTS": 4}
     items = [("s1", a, {"n": 1}), ("s2", b, {"n": 1}), ("s1", a, {"n": 2}), ("gone-session", orphan, {"new": 1}),
              ("s1", a, {"n": 3}), ("s1", a, {"n": 4})]
     with transaction.atomic():
-        ids = bus.publish_many(items, signals=[bus.task_signal("t1", "changed", status="completed")])
+        ids = events.publish_many(items, signals=[signals.task_signal("t1", "changed", status="completed")])
         assert sent == []  # nothing before commit
     assert ids == [f"{a}.2", f"{b}.1", f"{a}.3", f"{orphan}.4", f"{a}.4", f"{a}.5"]
     rows = {s: list(StreamEvent.objects.filter(stream_id=s).order_by("seq").values_list("seq", "data"))
@@ -164,17 +171,17 @@ def test_publish_many_numbers_each_stream_like_one_publish_at_a_time(monkeypatch
     assert dict(StreamCursor.objects.filter(pk__in=[a, b, orphan]).values_list("pk", "last_seq")) == {
         a: 5, b: 1, orphan: 4}
     # Every event pushed to its stream's group, then the signal.
-    assert [(g, m["event_id"]) for g, m in sent[:-1]] == [(bus.stream_group(s), i) for (_x, s, _m), i in
+    assert [(g, m["event_id"]) for g, m in sent[:-1]] == [(signals.stream_group(s), i) for (_x, s, _m), i in
                                                          zip(items, ids, strict=True)]
-    assert sent[-1] == (bus.task_group("t1"), {"type": "task.signal", "task_id": "t1", "event": "changed",
+    assert sent[-1] == (signals.task_group("t1"), {"type": "task.signal", "task_id": "t1", "event": "changed",
                                                "status": "completed"})
     # Rolled back: nothing stored, nothing sent.
     sent.clear()
     with pytest.raises(RuntimeError), transaction.atomic():
-        bus.publish_many([("s2", b, {"n": 2})])
+        events.publish_many([("s2", b, {"n": 2})])
         raise RuntimeError("rolled back")
     assert sent == [] and StreamEvent.objects.filter(stream_id=b).count() == 1
-    assert bus.publish(session_id="s2", stream_id=b, message={"n": 2}) == f"{b}.2"
+    assert events.publish(session_id="s2", stream_id=b, message={"n": 2}) == f"{b}.2"
 
 
 @pytest.mark.django_db(transaction=True)
@@ -196,16 +203,16 @@ def test_a_batch_of_finishes_notifies_and_signals_every_task(monkeypatch: pytest
     Task.objects.filter(pk__in=[t.pk for t in tasks]).update(attempt=1)
     runs = [(t, Outcome(pk=t.pk, attempt=1, status="completed", result={"content": []})) for t in tasks]
     sent.clear()
-    assert services.finish_runs(runs=runs) == [True] * 4
-    expected = {tasks[0].task_id: bus.get_stream_id(tasks[0].session_id), tasks[1].task_id: "rSTREAM1",
-                tasks[2].task_id: bus.get_stream_id(tasks[2].session_id)}
+    assert transitions.finish_runs(runs=runs) == [True] * 4
+    expected = {tasks[0].task_id: events.get_stream_id(tasks[0].session_id), tasks[1].task_id: "rSTREAM1",
+                tasks[2].task_id: events.get_stream_id(tasks[2].session_id)}
     got = {}
     for ev in StreamEvent.objects.filter(stream_id__in=set(expected.values())):
         msg = json.loads(ev.data)
         assert msg["method"] == "notifications/tasks/status" and msg["params"]["status"] == "completed"
         got[msg["params"]["taskId"]] = ev.stream_id
     assert got == expected  # the task without a session has nobody to notify
-    signals = sorted(m["task_id"] for g, m in sent if m["type"] == "task.signal")
-    assert signals == sorted(t.task_id for t in tasks)
+    signalled = sorted(m["task_id"] for g, m in sent if m["type"] == "task.signal")
+    assert signalled == sorted(t.task_id for t in tasks)
     pushed = sorted(g for g, m in sent if m["type"] == "stream.event")
-    assert pushed == sorted(bus.stream_group(s) for s in expected.values())
+    assert pushed == sorted(signals.stream_group(s) for s in expected.values())

@@ -4,23 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-
-from mcptasks.layers import RedisChannelLayer
-from tests.support.requirements import require_redis
+from mcptasks.streams.layers import RedisChannelLayer
 from tests.support.sentinel_proc import PrivateSentinel
-
-
-@pytest.fixture(scope="module")
-def sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateSentinel]:
-    require_redis()
-    s = PrivateSentinel(Path(tmp_path_factory.mktemp("sentinel")))
-    s.start()
-    yield s
-    s.stop()
 
 
 def _layer(url: str) -> RedisChannelLayer:

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from mcptasks import layers, metrics
-from mcptasks.transport import consumer
+from mcptasks.endpoint import consumer
+from mcptasks.observability import metrics
+from mcptasks.streams import layers
 from tests.support.requirements import require_redis
 
 

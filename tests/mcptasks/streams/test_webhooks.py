@@ -14,8 +14,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 from standardwebhooks.webhooks import Webhook
 
-from mcptasks import services, webhooks
 from mcptasks.models import AuditEvent, Outcome, Task, TaskStatus, WebhookDelivery
+from mcptasks.streams import webhooks
+from mcptasks.tasks import cleanup, messages, transitions, webhook_outbox
 from tenants.auth import AuthContext
 from tenants.models import Principal, Tenant, WebhookEndpoint
 from tenants.services import add_webhook_endpoint, rotate_webhook_secret
@@ -50,12 +51,13 @@ def test_committed_transition_has_its_delivery_and_a_rolled_back_one_has_none(au
     ep = _endpoint(auth)
     task = make_task(auth)
     with pytest.raises(RuntimeError), transaction.atomic():
-        assert services.transition(task=task, to=TaskStatus.COMPLETED, result={"content": []})
+        assert transitions.transition(task=task, to=TaskStatus.COMPLETED, result={"content": []})
         raise RuntimeError("the surrounding transaction fails")
     assert not WebhookDelivery.objects.exists()
     task = Task.objects.get(pk=task.pk)
     assert task.status == TaskStatus.WORKING
-    assert services.transition(task=task, to=TaskStatus.COMPLETED, result={"content": [{"type": "text", "text": "x"}]})
+    assert transitions.transition(task=task, to=TaskStatus.COMPLETED,
+                                  result={"content": [{"type": "text", "text": "x"}]})
     row = WebhookDelivery.objects.get()
     assert (row.endpoint_id, row.task_id, row.event) == (ep.pk, task.task_id, "task.completed")
     assert row.payload["type"] == "task.completed"
@@ -76,10 +78,10 @@ def test_batched_outcomes_write_their_deliveries_in_the_same_transaction(auth: A
     runs = [(t, Outcome(pk=t.pk, attempt=1, status=TaskStatus.FAILED, message="boom",
                         error={"code": -32603, "message": "boom"})) for t in tasks]
     with pytest.raises(RuntimeError), transaction.atomic():
-        services.finish_runs(runs=runs)
+        transitions.finish_runs(runs=runs)
         raise RuntimeError("rolled back")
     assert not WebhookDelivery.objects.exists()
-    finished = services.finish_runs(runs=runs)
+    finished = transitions.finish_runs(runs=runs)
     assert finished == [True, True, True] and finished.deliveries == 3
     rows = list(WebhookDelivery.objects.order_by("id"))
     assert sorted(r.task_id for r in rows) == sorted(t.task_id for t in tasks)
@@ -97,8 +99,8 @@ def test_only_matching_tenant_principal_and_events_get_rows(auth: AuthContext) -
     WebhookEndpoint.objects.filter(pk=disabled.pk).update(enabled=False)
     t1 = make_task(auth)
     t2 = make_task(same_tenant_other_principal)
-    services.transition(task=t1, to=TaskStatus.COMPLETED, result={"content": []})
-    services.transition(task=t2, to=TaskStatus.CANCELLED, status_message="stop")
+    transitions.transition(task=t1, to=TaskStatus.COMPLETED, result={"content": []})
+    transitions.transition(task=t2, to=TaskStatus.CANCELLED, status_message="stop")
     got = set(WebhookDelivery.objects.values_list("endpoint_id", "task_id", "event"))
     assert got == {(mine.pk, t1.task_id, "task.completed"), (only_cancel.pk, t2.task_id, "task.cancelled")}
 
@@ -107,15 +109,15 @@ def test_a_tenant_without_endpoints_costs_one_query(auth: AuthContext,
                                                     django_assert_num_queries: Any) -> None:
     task = make_task(auth)
     with django_assert_num_queries(1):
-        assert webhooks.enqueue([task]) == 0
+        assert webhook_outbox.enqueue([task]) == 0
 
 
 def test_claim_keeps_order_per_task_and_the_per_endpoint_limit(auth: AuthContext, settings: Any) -> None:
     settings.MCPTASKS = {**settings.MCPTASKS, "WEBHOOK_CONCURRENCY_PER_ENDPOINT": 2}
     _endpoint(auth)
     task = make_task(auth)
-    services.add_task_message(task=task, method="elicitation/create", params={"message": "?"})
-    services.transition(task=task, to=TaskStatus.CANCELLED, status_message="stop")
+    messages.add_task_message(task=task, method="elicitation/create", params={"message": "?"})
+    transitions.transition(task=task, to=TaskStatus.CANCELLED, status_message="stop")
     first, second = WebhookDelivery.objects.order_by("id")
     assert (first.event, second.event) == ("task.input_required", "task.cancelled")
     assert first.payload["data"]["status"] == "input_required"
@@ -127,14 +129,14 @@ def test_claim_keeps_order_per_task_and_the_per_endpoint_limit(auth: AuthContext
     # Per-endpoint limit: five tasks' events, two in flight at once.
     WebhookDelivery.objects.all().delete()
     for _ in range(5):
-        services.transition(task=make_task(auth), to=TaskStatus.COMPLETED, result={"content": []})
+        transitions.transition(task=make_task(auth), to=TaskStatus.COMPLETED, result={"content": []})
     assert len(webhooks.claim(worker_id="w1", limit=10)) == 2
     assert webhooks.claim(worker_id="w2", limit=10) == []
 
 
 def test_a_lapsed_lease_is_claimed_again_with_the_same_webhook_id(auth: AuthContext) -> None:
     _endpoint(auth)
-    services.transition(task=make_task(auth), to=TaskStatus.COMPLETED, result={"content": []})
+    transitions.transition(task=make_task(auth), to=TaskStatus.COMPLETED, result={"content": []})
     [row] = webhooks.claim(worker_id="dead", limit=5)
     later = timezone.now() + dt.timedelta(seconds=3600)
     [again] = webhooks.claim(worker_id="alive", limit=5, now=later)
@@ -151,7 +153,7 @@ def test_delivery_is_signed_and_verifies_with_standardwebhooks(auth: AuthContext
         stored = cur.fetchone()[0]
     assert stored.startswith("enc1:") and ep.secret not in stored
     task = make_task(auth)
-    services.transition(task=task, to=TaskStatus.COMPLETED, result={"content": []})
+    transitions.transition(task=task, to=TaskStatus.COMPLETED, result={"content": []})
     [row] = webhooks.claim(worker_id="w", limit=5)
     code, error, _excerpt = webhooks.send(row, WebhookEndpoint.objects.get(pk=ep.pk))
     assert (code, error) == (204, "")
@@ -179,7 +181,7 @@ def test_loopback_is_refused_without_the_allowed_network(auth: AuthContext, rece
                                                          settings: Any) -> None:
     ep = _endpoint(auth, receiver.url)
     settings.TENANTS = {**settings.TENANTS, "OUTBOUND_ALLOWED_NETWORKS": ()}
-    services.transition(task=make_task(auth), to=TaskStatus.COMPLETED, result={"content": []})
+    transitions.transition(task=make_task(auth), to=TaskStatus.COMPLETED, result={"content": []})
     [row] = webhooks.claim(worker_id="w", limit=5)
     code, error, _ = webhooks.send(row, ep)
     assert code is None and "OutboundRefused" in error
@@ -200,7 +202,7 @@ def test_redirects_are_not_followed(auth: AuthContext, receiver: Receiver) -> No
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         ep = _endpoint(auth, f"http://127.0.0.1:{server.server_address[1]}/r")
-        services.transition(task=make_task(auth), to=TaskStatus.COMPLETED, result={"content": []})
+        transitions.transition(task=make_task(auth), to=TaskStatus.COMPLETED, result={"content": []})
         [row] = webhooks.claim(worker_id="w", limit=5)
         code, error, _ = webhooks.send(row, ep)
     finally:
@@ -215,7 +217,7 @@ def test_failing_for_the_whole_period_gives_up_and_disables_the_endpoint(auth: A
                                                                          caplog: Any) -> None:
     settings.MCPTASKS = {**settings.MCPTASKS, "WEBHOOK_RETRY_PERIOD_S": 60.0}
     ep = _endpoint(auth, "http://127.0.0.1:9/closed")
-    services.transition(task=make_task(auth), to=TaskStatus.COMPLETED, result={"content": []})
+    transitions.transition(task=make_task(auth), to=TaskStatus.COMPLETED, result={"content": []})
     [row] = webhooks.claim(worker_id="w", limit=5)
     assert webhooks.record(delivery=row, worker_id="w", code=None, error="ConnectionRefusedError", excerpt="") \
         == WebhookDelivery.State.PENDING
@@ -257,13 +259,13 @@ def test_refused_destinations_cannot_be_registered(auth: AuthContext, settings: 
 
 def test_metrics_stats(auth: AuthContext) -> None:
     _endpoint(auth)
-    services.transition(task=make_task(auth), to=TaskStatus.COMPLETED, result={"content": []})
-    services.transition(task=make_task(auth), to=TaskStatus.COMPLETED, result={"content": []})
+    transitions.transition(task=make_task(auth), to=TaskStatus.COMPLETED, result={"content": []})
+    transitions.transition(task=make_task(auth), to=TaskStatus.COMPLETED, result={"content": []})
     [a, b] = webhooks.claim(worker_id="w", limit=5)
     webhooks.record(delivery=a, worker_id="w", code=204, error="", excerpt="")
     webhooks.record(delivery=b, worker_id="w", code=500, error="HTTP 500", excerpt="")
     assert webhooks.stats() == {"delivered": 1, "failed": 0, "pending": 1, "failed_attempts": 1}
-    from mcptasks import metrics
+    from mcptasks.console import metrics
 
     text = metrics.render().decode()
     assert "mcptasks_webhook_outbox_depth 1.0" in text
@@ -274,12 +276,12 @@ def test_metrics_stats(auth: AuthContext) -> None:
 def test_cleanup_deletes_old_finished_deliveries_and_keeps_the_outbox(auth: AuthContext) -> None:
     _endpoint(auth)
     for _ in range(3):
-        services.transition(task=make_task(auth), to=TaskStatus.COMPLETED, result={"content": []})
+        transitions.transition(task=make_task(auth), to=TaskStatus.COMPLETED, result={"content": []})
     delivered, failed, pending = WebhookDelivery.objects.order_by("id")
     WebhookDelivery.objects.filter(pk=delivered.pk).update(state=WebhookDelivery.State.DELIVERED)
     WebhookDelivery.objects.filter(pk=failed.pk).update(state=WebhookDelivery.State.FAILED)
     later = timezone.now() + dt.timedelta(days=8)
-    assert services.cleanup_expired(now=later)["webhooks"] == 2
+    assert cleanup.cleanup_expired(now=later)["webhooks"] == 2
     assert list(WebhookDelivery.objects.values_list("pk", flat=True)) == [pending.pk]
 
 
@@ -287,9 +289,9 @@ def test_one_endpoints_backlog_does_not_starve_another(auth: AuthContext, settin
     settings.MCPTASKS = {**settings.MCPTASKS, "WEBHOOK_CONCURRENCY_PER_ENDPOINT": 1}
     busy = _endpoint(auth, "https://busy.example.com/h")
     for _ in range(20):
-        services.transition(task=make_task(auth), to=TaskStatus.COMPLETED, result={"content": []})
+        transitions.transition(task=make_task(auth), to=TaskStatus.COMPLETED, result={"content": []})
     quiet = _endpoint(auth, "https://quiet.example.com/h")
-    services.transition(task=make_task(auth), to=TaskStatus.COMPLETED, result={"content": []})
+    transitions.transition(task=make_task(auth), to=TaskStatus.COMPLETED, result={"content": []})
     claimed = webhooks.claim(worker_id="w", limit=3)
     assert sorted(c.endpoint_id for c in claimed) == sorted([busy.pk, quiet.pk])
 
@@ -319,7 +321,7 @@ def test_a_receiver_trickling_bytes_is_cut_off_at_the_timeout(auth: AuthContext,
 
     threading.Thread(target=trickle, daemon=True).start()
     ep = _endpoint(auth, f"http://127.0.0.1:{listener.getsockname()[1]}/slow")
-    services.transition(task=make_task(auth), to=TaskStatus.COMPLETED, result={"content": []})
+    transitions.transition(task=make_task(auth), to=TaskStatus.COMPLETED, result={"content": []})
     [row] = webhooks.claim(worker_id="w", limit=5)
     started = time.monotonic()
     try:
@@ -336,7 +338,7 @@ def test_only_the_owners_endpoint_sees_input_requests(auth: AuthContext) -> None
     tenant_wide = _endpoint(auth)
     owners = _endpoint(auth, principal=True)
     task = make_task(auth)
-    services.add_task_message(task=task, method="elicitation/create", params={"message": "the secret plan?"})
+    messages.add_task_message(task=task, method="elicitation/create", params={"message": "the secret plan?"})
     rows = {r.endpoint_id: r for r in WebhookDelivery.objects.all()}
     assert rows[owners.pk].payload["data"]["inputRequests"]
     assert "the secret plan?" in str(rows[owners.pk].payload)
@@ -344,3 +346,13 @@ def test_only_the_owners_endpoint_sees_input_requests(auth: AuthContext) -> None
     assert "inputRequests" not in rows[tenant_wide.pk].payload["data"]
     assert "the secret plan?" not in str(rows[tenant_wide.pk].payload)
     assert rows[owners.pk].msg_id != rows[tenant_wide.pk].msg_id
+
+
+def test_a_poll_with_nothing_due_costs_one_read() -> None:
+    """A worker polls the outbox every WEBHOOK_POLL_S whether or not any endpoint exists: with
+    nothing due it reads the partial index once (no transaction, claim lock or ranked query)."""
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        assert webhooks.claim(worker_id="w-idle", limit=4) == []
+    assert len(queries.captured_queries) == 1, [q["sql"] for q in queries.captured_queries]

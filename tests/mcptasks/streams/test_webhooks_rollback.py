@@ -7,15 +7,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.db import close_old_connections, transaction
 
-from mcptasks import services, webhooks
 from mcptasks.models import Task, TaskStatus, WebhookDelivery
+from mcptasks.streams import webhooks
+from mcptasks.tasks import transitions
 from tenants.models import Tenant
 from tenants.services import add_webhook_endpoint
 from tests.support.factories import make_auth, make_task
@@ -42,10 +42,40 @@ def receiver() -> Iterator[Receiver]:
     r.stop()
 
 
+class Polls:
+    """Counts the passes of a delivery loop over the outbox (its claims, each a transaction of its own)."""
+
+    def __init__(self, sender: webhooks.WebhookSender) -> None:
+        self._lock = threading.Lock()
+        self.sender = sender
+        self.done = 0
+        claim = sender._claim
+
+        def counted(limit: int) -> list[WebhookDelivery]:
+            try:
+                return claim(limit)
+            finally:
+                with self._lock:
+                    self.done += 1
+
+        setattr(sender, "_claim", counted)  # noqa: B010 - an instance attribute over the method
+
+    def wait(self, more: int) -> None:
+        """Wait until ``more`` passes have ended after now (the first may have begun before now)."""
+        target = self.done + more
+        wait_for(f"{more} more passes over the outbox", lambda: self.done >= target, timeout=20, every=0.01)
+
+    def settle(self) -> None:
+        """Wait for passes that began after now, and for every delivery they claimed to end."""
+        self.wait(3)
+        wait_for("the deliveries in flight", lambda: self.sender.in_flight == 0, timeout=20, every=0.01)
+
+
 @contextlib.contextmanager
-def delivery_loop() -> Iterator[webhooks.WebhookSender]:
+def delivery_loop() -> Iterator[Polls]:
     """The workers' delivery loop, running in a thread of its own until the block ends."""
     sender = webhooks.WebhookSender(worker_id="rollback-test", threads=2)
+    polls = Polls(sender)
     loop = asyncio.new_event_loop()
     started = threading.Event()
 
@@ -61,7 +91,7 @@ def delivery_loop() -> Iterator[webhooks.WebhookSender]:
     thread.start()
     assert started.wait(5)
     try:
-        yield sender
+        yield polls
     finally:
         for t in asyncio.all_tasks(loop):
             loop.call_soon_threadsafe(t.cancel)
@@ -76,17 +106,21 @@ def test_a_rolled_back_transition_is_never_delivered_while_a_committed_one_is(re
                                     events=["task.completed", "task.failed"])
     receiver.secret = endpoint.secret
     undone, kept = make_task(auth), make_task(auth)
-    with delivery_loop():
+    with delivery_loop() as polls:
         with pytest.raises(RuntimeError), transaction.atomic():
-            assert services.transition(task=undone, to=TaskStatus.COMPLETED, result={"content": []})
-            # The outbox row exists in this transaction, while the delivery loop polls many times.
+            assert transitions.transition(task=undone, to=TaskStatus.COMPLETED, result={"content": []})
+            # The outbox row exists in this transaction, while the delivery loop polls several
+            # times (all but the first of these passes began after the row was written).
             assert WebhookDelivery.objects.filter(task_id=undone.task_id).count() == 1
-            time.sleep(40 * POLL_S)
+            polls.wait(3)
             raise RuntimeError("the transition's transaction fails after writing the outbox row")
-        assert services.transition(task=kept, to=TaskStatus.FAILED, error={"code": -32603, "message": "boom"})
+        assert transitions.transition(task=kept, to=TaskStatus.FAILED, error={"code": -32603, "message": "boom"})
         wait_for("the committed transition's event", lambda: len(receiver.received) >= 1, timeout=20)
-        # The loop keeps polling; nothing more may come.
-        time.sleep(40 * POLL_S)
+        # The loop keeps polling; nothing more may come: once the delivery is recorded, the passes
+        # that began after it, and whatever they sent, have ended without another request.
+        wait_for("the delivery recorded", lambda: WebhookDelivery.objects.filter(
+            task_id=kept.task_id, state=WebhookDelivery.State.DELIVERED).exists(), timeout=20)
+        polls.settle()
     assert receiver.rejected == 0
     assert [(r.task_id, r.event) for r in receiver.received] == [(kept.task_id, "task.failed")]
     assert Task.objects.get(pk=undone.pk).status == TaskStatus.WORKING

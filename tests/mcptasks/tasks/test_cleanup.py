@@ -10,19 +10,19 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from mcptasks import services
 from mcptasks.models import AuditEvent, Task, TaskMessage, TaskStatus
+from mcptasks.tasks import cleanup, creation, messages, transitions
 from tenants.models import Principal, Tenant
 from tests.support.factories import expire, make_auth, make_session, make_task, make_tenant
 from tests.support.requirements import require_postgres
 
 
 class BatchSpy:
-    """Wraps services._delete_batch and records how many expired tasks each batch deleted."""
+    """Wraps cleanup._delete_batch and records how many expired tasks each batch deleted."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.task_batches: list[int] = []
-        real = services._delete_batch
+        real = cleanup._delete_batch
 
         def spy(flt: Any, batch: int, *, release: bool) -> int:
             n = real(flt, batch, release=release)
@@ -30,7 +30,7 @@ class BatchSpy:
                 self.task_batches.append(n)
             return n
 
-        monkeypatch.setattr(services, "_delete_batch", spy)
+        monkeypatch.setattr(cleanup, "_delete_batch", spy)
 
 
 @pytest.mark.django_db
@@ -54,9 +54,9 @@ def test_cleanup_deletes_task_messages_releases_slots_and_keeps_unexpired() -> N
     session = make_session(auth)
     live_expired = [make_task(auth, session) for _ in range(3)]
     done_expired = make_task(auth, session)
-    services.transition(task=done_expired, to=TaskStatus.COMPLETED, result={"content": []})
+    transitions.transition(task=done_expired, to=TaskStatus.COMPLETED, result={"content": []})
     asking = live_expired[0]
-    services.add_task_message(task=asking, method="elicitation/create", params={"message": "?"})
+    messages.add_task_message(task=asking, method="elicitation/create", params={"message": "?"})
     keep = [make_task(auth, session, ttl_ms=3_600_000) for _ in range(2)]
     for task in [*live_expired, done_expired]:
         expire(task)
@@ -105,7 +105,7 @@ def test_concurrent_cleaners_never_delete_the_same_rows_twice() -> None:
     def cleaner() -> None:
         try:
             barrier.wait(10)
-            totals.append(services.cleanup_expired(batch_size=5)["tasks"])
+            totals.append(cleanup.cleanup_expired(batch_size=5)["tasks"])
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
         finally:
@@ -130,7 +130,7 @@ def _plain_request(auth: Any, session: Any, *, idle_s: float) -> Task:
 
     from tests.support.factories import demo_tool
 
-    row = services.create_task(
+    row = creation.create_task(
         auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1}, request_id=f"r{idle_s}",
         progress_token=None, kind=Task.Kind.REQUEST, stream_id="p" + "0" * 16,
     )
@@ -147,15 +147,16 @@ def test_cleanup_never_deletes_a_running_plain_request(settings: Any) -> None:
     running = _plain_request(auth, session, idle_s=3600)
     finished = _plain_request(auth, session, idle_s=3600)
     Task.objects.filter(pk=finished.pk).update(status=TaskStatus.COMPLETED)
-    services.cleanup_expired()
+    cleanup.cleanup_expired()
     assert Task.objects.filter(pk=running.pk).exists()
     assert not Task.objects.filter(pk=finished.pk).exists()
     # Once its session is gone, even a running request is swept.
     session.delete()
-    services.cleanup_expired()
+    cleanup.cleanup_expired()
     assert not Task.objects.filter(pk=running.pk).exists()
 
 
+@pytest.mark.processes(reason="reads the environment in a fresh interpreter (python -c)")
 def test_request_retention_is_read_from_the_environment() -> None:
     """Every documented variable is read: MCPTASKS_REQUEST_RETENTION_S was not."""
     import subprocess

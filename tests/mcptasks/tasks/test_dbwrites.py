@@ -1,4 +1,4 @@
-"""Request-path writes run side by side on PostgreSQL (mcptasks.dbwrites)."""
+"""Request-path writes run side by side on PostgreSQL (mcptasks.db.write_pool)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 
-from mcptasks import dbwrites, fastreads, handlers, services
+from mcptasks.db import async_sql as fastreads
+from mcptasks.db import write_pool as dbwrites
+from mcptasks.methods import era2025 as handlers
 from mcptasks.models import Task
 from mcptasks.protocol.messages import CallToolParams
+from mcptasks.tasks import creation
 from tests.support.factories import make_auth, make_session
 from tests.support.requirements import require_postgres
 
@@ -35,14 +38,14 @@ def test_task_creations_overlap_on_their_own_connections(monkeypatch: pytest.Mon
     session = make_session(auth)
     barrier = threading.Barrier(3, timeout=10)
     seen: list[str] = []
-    real = services.create_task
+    real = creation.create_task
 
     def meeting(**kw: Any) -> Task:
         seen.append(threading.current_thread().name)
         barrier.wait()
         return real(**kw)
 
-    monkeypatch.setattr(services, "create_task", meeting)
+    monkeypatch.setattr(creation, "create_task", meeting)
     params = CallToolParams.model_validate({"name": "demo_sleep", "arguments": {"ms": 1}, "task": {"ttl": 60000}})
 
     async def create_three() -> list[Any]:

@@ -1,4 +1,4 @@
-"""The task state machine (services.transition) under concurrency, on the real database.
+"""The task state machine (transitions.transition) under concurrency, on the real database.
 
 The spec's lifecycle: working -> input_required | completed | failed | cancelled;
 input_required -> working | completed | failed | cancelled; terminal is final. transition() is
@@ -15,9 +15,9 @@ from django.db import connection
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mcptasks import services
 from mcptasks.models import Task, TaskStatus
 from mcptasks.protocol.messages import TERMINAL_STATUSES, can_transition
+from mcptasks.tasks import transitions
 from tenants.models import Principal
 from tests.support.factories import make_auth, make_session, make_task
 from tests.support.requirements import require_postgres
@@ -37,7 +37,7 @@ def test_transition_applies_exactly_the_spec_table(src: str, dst: str) -> None:
     task = make_task(auth)
     Task.objects.filter(pk=task.pk).update(status=src)
     task.refresh_from_db()
-    changed = services.transition(task=task, to=dst)
+    changed = transitions.transition(task=task, to=dst)
     stored = Task.objects.get(pk=task.pk).status
     assert changed == can_transition(src, dst)
     assert stored == (dst if changed else src)
@@ -50,16 +50,16 @@ def test_late_completion_never_overwrites_cancelled() -> None:
     # The worker's view of the task, loaded while it was working.
     Task.objects.filter(pk=task.pk).update(attempt=1, worker_id="w1")
     stale = Task.objects.get(pk=task.pk)
-    cancelled = services.cancel_task(auth=auth, task_id=task.task_id)
+    cancelled = transitions.cancel_task(auth=auth, task_id=task.task_id)
     assert cancelled.status == TaskStatus.CANCELLED
     for status in (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED):
-        assert not services.transition(
+        assert not transitions.transition(
             task=stale, to=status, result={"content": [{"type": "text", "text": "late"}]}, attempt=stale.attempt
         )
     row = Task.objects.get(pk=task.pk)
     assert row.status == TaskStatus.CANCELLED
     assert row.result is None and row.error is None
-    assert row.status_message == services.CANCELLED_MESSAGE
+    assert row.status_message == transitions.CANCELLED_MESSAGE
     # The quota slot was released once, by the cancellation.
     assert Principal.objects.get(pk=auth.principal_id).active_tasks == 0
 
@@ -69,9 +69,9 @@ def test_outcome_of_superseded_attempt_is_discarded() -> None:
     auth = make_auth()
     task = make_task(auth)
     Task.objects.filter(pk=task.pk).update(attempt=2)
-    assert not services.transition(task=task, to=TaskStatus.COMPLETED, result={"content": []}, attempt=1)
+    assert not transitions.transition(task=task, to=TaskStatus.COMPLETED, result={"content": []}, attempt=1)
     assert Task.objects.get(pk=task.pk).status == TaskStatus.WORKING
-    assert services.transition(task=task, to=TaskStatus.COMPLETED, result={"content": []}, attempt=2)
+    assert transitions.transition(task=task, to=TaskStatus.COMPLETED, result={"content": []}, attempt=2)
 
 
 # --- Hypothesis: concurrent transitions on PostgreSQL -----------------------------------------
@@ -122,7 +122,7 @@ def test_concurrent_transitions_never_store_an_illegal_transition(
     auth = make_auth()
     task = make_task(auth, make_session(auth))
     if start != TaskStatus.WORKING:
-        assert services.transition(task=task, to=start)
+        assert transitions.transition(task=task, to=start)
     successes: list[tuple[str, bool]] = []
     lock = threading.Lock()
     barrier = threading.Barrier(len(plan))
@@ -134,7 +134,7 @@ def test_concurrent_transitions_never_store_an_illegal_transition(
             for to in targets:
                 # Each call works on its own (possibly stale) copy, like separate processes would.
                 mine = Task.objects.get(pk=task.pk)
-                ok = services.transition(task=mine, to=to, status_message=f"-> {to}")
+                ok = transitions.transition(task=mine, to=to, status_message=f"-> {to}")
                 with lock:
                     successes.append((to, ok))
         except BaseException as exc:  # noqa: BLE001 - reported below

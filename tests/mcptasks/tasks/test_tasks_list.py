@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import threading
-import time
+from collections.abc import Callable
 
 import pytest
 from django.db import connection
 
-from mcptasks import selectors
 from mcptasks.models import Task
 from mcptasks.protocol.errors import McpError
+from mcptasks.tasks import selectors
 from tenants.auth import AuthContext
 from tests.support.factories import expire, make_auth, make_session, make_task, make_tenant
 from tests.support.requirements import require_postgres
+from tests.support.waiting import wait_for
 
 PRE_EXISTING = 150
 CONCURRENT = 1000
@@ -21,7 +22,7 @@ WRITERS = 4
 PAGE = 7
 
 
-def _page_all(auth: AuthContext, *, pause_s: float = 0.0) -> list[str]:
+def _page_all(auth: AuthContext, *, between_pages: Callable[[], object] | None = None) -> list[str]:
     seen: list[str] = []
     cursor: str | None = None
     while True:
@@ -31,8 +32,8 @@ def _page_all(auth: AuthContext, *, pause_s: float = 0.0) -> list[str]:
         if page.next_cursor is None:
             return seen
         cursor = page.next_cursor
-        if pause_s:
-            time.sleep(pause_s)  # let the writers interleave with the pagination
+        if between_pages is not None:
+            between_pages()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -59,11 +60,23 @@ def test_every_preexisting_task_listed_exactly_once_while_1000_are_created_concu
     for th in threads:
         th.start()
     started.set()
+
+    def count() -> int:
+        return Task.objects.filter(principal_id=auth.principal_id).count()
+
+    def a_write_since(last: int) -> bool:
+        return count() > last or not any(th.is_alive() for th in threads)
+
+    def wait_for_a_write() -> None:
+        # Interleave: a task is created between any two pages (until the writers are done).
+        last = count()
+        wait_for("a task created by the writers", lambda: a_write_since(last), timeout=60, every=0.005)
+
     # Page while the writers run; note how many tasks existed when we started and ended.
-    time.sleep(0.05)
-    count_at_start = Task.objects.filter(principal_id=auth.principal_id).count()
-    seen = _page_all(auth, pause_s=0.005)
-    count_at_end = Task.objects.filter(principal_id=auth.principal_id).count()
+    wait_for("the writers' first task", lambda: a_write_since(PRE_EXISTING), timeout=60, every=0.005)
+    count_at_start = count()
+    seen = _page_all(auth, between_pages=wait_for_a_write)
+    count_at_end = count()
     for th in threads:
         th.join(300)
     assert not errors, errors

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 
-from mcptasks import dbwrites
-from mcptasks.transport.errors import answer
+from mcptasks.db import write_pool as dbwrites
+from mcptasks.endpoint.errors import answer
 from tests.support.requirements import require_postgres
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -20,10 +20,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_a_write_queued_past_the_deadline_is_dropped_and_answered_503(settings: Any) -> None:
     require_postgres()
     settings.MCPTASKS = {**settings.MCPTASKS, "WRITE_THREADS": 1, "WRITE_QUEUE_TIMEOUT_S": 0.5}
-    release = threading.Event()
+    release, blocking = threading.Event(), threading.Event()
     ran: list[str] = []
 
     def stuck() -> str:  # a write blocked on a lock
+        blocking.set()
         release.wait(10)
         ran.append("stuck")
         return "stuck"
@@ -34,7 +35,8 @@ def test_a_write_queued_past_the_deadline_is_dropped_and_answered_503(settings: 
 
     async def scenario() -> tuple[Any, float, Any]:
         first = asyncio.ensure_future(dbwrites.run(stuck))
-        await asyncio.sleep(0.1)
+        # The one write thread is taken once the stuck write runs.
+        assert await asyncio.to_thread(blocking.wait, 10), "the stuck write never started"
         t0 = time.monotonic()
         try:
             await dbwrites.run(queued)
@@ -43,14 +45,21 @@ def test_a_write_queued_past_the_deadline_is_dropped_and_answered_503(settings: 
             outcome = exc
         waited = time.monotonic() - t0
         release.set()
-        return outcome, waited, await first
+        done = await first
+        # The dropped write's turn comes once the stuck one ends (one thread, in order): a call
+        # queued after it has run only once that turn has passed. Awaited here, while this loop
+        # still runs: its end would cancel a write still queued, hiding one that was not dropped.
+        pool = dbwrites.write_pool()
+        assert pool is not None
+        await asyncio.wrap_future(pool.submit(lambda: None))
+        return outcome, waited, done
 
     outcome, waited, first = async_to_sync(scenario)()
     assert isinstance(outcome, dbwrites.WriteQueueTimeout)
     assert 0.4 <= waited < 3.0
     assert first == "stuck"
-    # The dropped write never runs later: its caller was told it was not made.
-    time.sleep(0.3)
+    # The dropped write never runs later (its turn has passed, above): its caller was told it
+    # was not made.
     assert ran == ["stuck"]
     error, status, headers = answer(outcome)
     assert status == 503 and headers.get("Retry-After") and error.message == "Service temporarily unavailable"

@@ -9,8 +9,8 @@ import pytest
 from jsonschema import Draft202012Validator
 from pydantic import BaseModel, Field
 
-from mcptasks.context import SyncToolContext, ToolContext
-from mcptasks.registry import Registry, ToolInputError, ToolResult, audio, image, text, to_call_tool_result
+from mcptasks.tools.context import SyncToolContext, ToolContext
+from mcptasks.tools.registry import Registry, ToolInputError, ToolResult, audio, image, text, to_call_tool_result
 
 
 class Out(BaseModel):
@@ -288,7 +288,7 @@ def test_content_helpers() -> None:
 
 
 async def test_cancelled_context_raises() -> None:
-    from mcptasks.context import ToolCancelled
+    from mcptasks.tools.context import ToolCancelled
 
     c, backend = ctx()
     backend.cancelled = True
@@ -301,7 +301,7 @@ async def test_cancelled_context_raises() -> None:
 
 def test_server_dispatch_table_is_complete() -> None:
     """The server's dispatch table routes every method the issue lists (imports handlers, no DB use)."""
-    from mcptasks.handlers import dispatcher
+    from mcptasks.methods.era2025 import dispatcher
 
     expected = {
         "initialize", "ping", "tools/list", "tools/call", "resources/list", "resources/read",
@@ -315,7 +315,7 @@ def test_server_dispatch_table_is_complete() -> None:
 
 def test_bare_tool_decorator_is_a_type_error() -> None:
     """Issue 12: bare ``@tool`` used to register nothing and replace the function silently."""
-    from mcptasks.registry import Registry
+    from mcptasks.tools.registry import Registry
 
     reg = Registry()
     with pytest.raises(TypeError):
@@ -326,7 +326,7 @@ def test_bare_tool_decorator_is_a_type_error() -> None:
 
 
 def test_optional_context_is_detected_and_kept_out_of_the_schema() -> None:
-    from mcptasks.registry import Registry
+    from mcptasks.tools.registry import Registry
 
     reg = Registry()
 
@@ -347,7 +347,7 @@ class Report(BaseModel):
 
 
 def test_output_schema_comes_from_a_model_return_annotation() -> None:
-    from mcptasks.registry import Registry
+    from mcptasks.tools.registry import Registry
 
     reg = Registry()
 

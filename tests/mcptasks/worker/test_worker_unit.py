@@ -10,8 +10,9 @@ import pytest
 from django.utils import timezone
 
 from mcptasks.models import Outcome, Task, TaskStatus, tool_lock_key
-from mcptasks.registry import Registry
-from mcptasks.worker import WORKER_LOST, Worker
+from mcptasks.tasks.transitions import WORKER_LOST
+from mcptasks.tools.registry import Registry
+from mcptasks.worker.loop import Worker
 from tests.support.factories import task_row
 
 pytestmark = pytest.mark.django_db
@@ -86,10 +87,10 @@ def test_hand_back_releases_at_once_without_using_an_attempt() -> None:
     (again,) = worker("w2")._claim(10)
     assert again.attempt == 2  # a fresh attempt number: the interrupted run can't write
     # The old run's outcome is refused (WHERE attempt = ours).
-    from mcptasks import services
+    from mcptasks.tasks import transitions
 
-    assert not services.transition(task=t, to=TaskStatus.COMPLETED, result={"content": []}, attempt=1)
-    assert services.transition(task=t, to=TaskStatus.COMPLETED, result={"content": []}, attempt=2)
+    assert not transitions.transition(task=t, to=TaskStatus.COMPLETED, result={"content": []}, attempt=1)
+    assert transitions.transition(task=t, to=TaskStatus.COMPLETED, result={"content": []}, attempt=2)
 
 
 def test_renew_reports_cancelled_and_superseded_runs() -> None:
@@ -133,10 +134,10 @@ def test_progress_stops_at_terminal_status() -> None:
     """Progress notifications MUST stop after the task reaches a terminal status."""
     from asgiref.sync import async_to_sync
 
-    from mcptasks import services
-    from mcptasks.context import ToolCancelled
     from mcptasks.models import StreamEvent
-    from mcptasks.worker import WorkerBackend
+    from mcptasks.tasks import transitions
+    from mcptasks.tools.context import ToolCancelled
+    from mcptasks.worker.backend import WorkerBackend
 
     task = task_row("u_once")
     Task.objects.filter(pk=task.pk).update(progress_token="tok", attempt=1)
@@ -144,7 +145,7 @@ def test_progress_stops_at_terminal_status() -> None:
     backend = WorkerBackend(Worker(registry_=reg), task)
     async_to_sync(backend.progress)(1, 2, "half")
     assert StreamEvent.objects.filter(data__contains='"progressToken":"tok"').count() == 1
-    assert services.transition(task=task, to=TaskStatus.COMPLETED, result={"content": []})
+    assert transitions.transition(task=task, to=TaskStatus.COMPLETED, result={"content": []})
     with pytest.raises(ToolCancelled):
         async_to_sync(backend.progress)(2, 2, "done")
     assert StreamEvent.objects.filter(data__contains='"progressToken":"tok"').count() == 1
@@ -159,8 +160,8 @@ def test_outcome_write_is_retried_through_a_database_outage(monkeypatch: pytest.
 
     from django.db import OperationalError
 
-    from mcptasks import services as svc
-    from mcptasks.worker import Worker
+    from mcptasks.tasks import transitions
+    from mcptasks.worker.loop import Worker
 
     calls: list[int] = []
 
@@ -170,7 +171,7 @@ def test_outcome_write_is_retried_through_a_database_outage(monkeypatch: pytest.
             raise OperationalError("the database system is shutting down")
         return [True] * len(runs)
 
-    monkeypatch.setattr(svc, "finish_runs", flaky_finish)
+    monkeypatch.setattr(transitions, "finish_runs", flaky_finish)
     worker = Worker(concurrency=1, run_cleanup=False)
     task: Any = types.SimpleNamespace(task_id="t-1", pk=1, attempt=1)  # only passed through
     outcome = Outcome(pk=1, attempt=1, status="completed", result={"content": []})
@@ -181,7 +182,7 @@ def test_outcome_write_is_retried_through_a_database_outage(monkeypatch: pytest.
 @pytest.mark.django_db
 def test_claims_are_fair_across_tenants() -> None:
     """Issue 11 item 7: a tenant flooding the queue does not starve another tenant."""
-    from mcptasks.worker import Worker
+    from mcptasks.worker.loop import Worker
     from tests.support.factories import make_auth, make_session, make_task
 
     flood, other = make_auth(), make_auth()
@@ -198,8 +199,8 @@ def test_claims_are_fair_across_tenants() -> None:
 @pytest.mark.django_db
 def test_plain_calls_take_a_quota_slot() -> None:
     """Issue 11 item 7: plain tools/call requests count against the concurrency quotas."""
-    from mcptasks import services as svc
     from mcptasks.models import Task
+    from mcptasks.tasks import creation, transitions
     from tenants.models import Tenant
     from tenants.quotas import QuotaExceeded
     from tests.support.factories import demo_tool, make_auth, make_session, make_tenant
@@ -207,21 +208,21 @@ def test_plain_calls_take_a_quota_slot() -> None:
     tenant = make_tenant(max_concurrent_tasks=1)
     auth = make_auth(tenant)
     session = make_session(auth)
-    first = svc.create_task(auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1}, request_id=1,
+    first = creation.create_task(auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1}, request_id=1,
                             progress_token=None, kind=Task.Kind.REQUEST, stream_id="p" + "1" * 16)
     assert Tenant.objects.get(pk=tenant.pk).active_tasks == 1
     with pytest.raises(QuotaExceeded):
-        svc.create_task(auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1}, request_id=2,
+        creation.create_task(auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1}, request_id=2,
                         progress_token=None, kind=Task.Kind.REQUEST, stream_id="p" + "2" * 16)
-    svc.transition(task=first, to="completed", result={"content": []})
+    transitions.transition(task=first, to="completed", result={"content": []})
     assert Tenant.objects.get(pk=tenant.pk).active_tasks == 0
 
 
 @pytest.mark.django_db
 def test_a_batch_of_outcomes_writes_only_current_live_runs() -> None:
     """Issue 14: many outcomes in one transaction, each with the rules of a single transition."""
-    from mcptasks import services as svc
     from mcptasks.models import AuditEvent, Task
+    from mcptasks.tasks import transitions
     from tenants.models import Principal, Tenant
     from tests.support.factories import make_auth, make_session, make_task
 
@@ -230,7 +231,7 @@ def test_a_batch_of_outcomes_writes_only_current_live_runs() -> None:
     done, failed, superseded, cancelled = (make_task(auth, session) for _ in range(4))
     Task.objects.filter(pk__in=[done.pk, failed.pk, cancelled.pk]).update(attempt=1)
     Task.objects.filter(pk=superseded.pk).update(attempt=2)  # another run took it over
-    assert svc.cancel_task(auth=auth, task_id=cancelled.task_id).status == "cancelled"
+    assert transitions.cancel_task(auth=auth, task_id=cancelled.task_id).status == "cancelled"
     for t in (done, failed, superseded, cancelled):
         t.refresh_from_db()
     runs = [
@@ -241,7 +242,7 @@ def test_a_batch_of_outcomes_writes_only_current_live_runs() -> None:
         (superseded, Outcome(pk=superseded.pk, attempt=1, status="completed", result={"content": []})),
         (cancelled, Outcome(pk=cancelled.pk, attempt=1, status="completed", result={"content": []})),
     ]
-    assert svc.finish_runs(runs=runs) == [True, True, False, False]
+    assert transitions.finish_runs(runs=runs) == [True, True, False, False]
     rows = {t.pk: t for t in Task.objects.filter(pk__in=[r[0].pk for r in runs])}
     assert rows[done.pk].status == "completed" and rows[done.pk].result["content"][0]["text"] == "ok"
     assert rows[done.pk].finished_at is not None and rows[done.pk].lease_expires_at is None
@@ -260,18 +261,18 @@ def test_a_batch_of_outcomes_writes_only_current_live_runs() -> None:
 @pytest.mark.django_db
 def test_a_refused_creation_leaves_no_task_and_no_audit_row() -> None:
     """The slot is taken last in the creation's transaction: a refusal rolls back what came before it."""
-    from mcptasks import services as svc
     from mcptasks.models import AuditEvent, Task
+    from mcptasks.tasks import creation
     from tenants.quotas import QuotaExceeded
     from tests.support.factories import demo_tool, make_auth, make_session, make_tenant
 
     tenant = make_tenant(max_concurrent_tasks=1)
     auth = make_auth(tenant)
     session = make_session(auth)
-    svc.create_task(auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1}, request_id=1,
+    creation.create_task(auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1}, request_id=1,
                     progress_token=None)
     with pytest.raises(QuotaExceeded):
-        svc.create_task(auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1}, request_id=2,
+        creation.create_task(auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1}, request_id=2,
                         progress_token=None)
     assert Task.objects.filter(tenant_id=tenant.pk).count() == 1
     assert AuditEvent.objects.filter(tenant_id=tenant.pk, action="task.create").count() == 1
@@ -281,7 +282,7 @@ def test_progress_is_saved_on_the_task_at_most_once_a_second_and_before_the_outc
     """The console's task page reads ``Task.progress``: saved with or without a progress token."""
     from asgiref.sync import async_to_sync
 
-    from mcptasks.worker import WorkerBackend
+    from mcptasks.worker.backend import WorkerBackend
 
     task = task_row("u_once")
     Task.objects.filter(pk=task.pk).update(attempt=1)  # no progress token: no notifications
@@ -316,15 +317,15 @@ def test_the_webhook_sender_is_woken_only_by_batches_that_wrote_deliveries(
     """A claim query per finished batch for nothing (no endpoint) was ~10 % of a busy worker."""
     import types
 
-    from mcptasks import services as svc
-    from mcptasks.worker import Worker
+    from mcptasks.tasks import transitions
+    from mcptasks.worker.loop import Worker
 
-    def finish(*, runs: list[Any]) -> svc.Finished:
-        done = svc.Finished([True] * len(runs))
+    def finish(*, runs: list[Any]) -> transitions.Finished:
+        done = transitions.Finished([True] * len(runs))
         done.deliveries = deliveries
         return done
 
-    monkeypatch.setattr(svc, "finish_runs", finish)
+    monkeypatch.setattr(transitions, "finish_runs", finish)
     worker = Worker(concurrency=1, run_cleanup=False)
     worker._webhooks = types.SimpleNamespace(wake=asyncio.Event())  # type: ignore[assignment]
     task: Any = types.SimpleNamespace(task_id="t-1", pk=1, attempt=1)
@@ -355,7 +356,7 @@ class _ScriptedLayer:
 async def test_a_runs_own_terminal_signal_costs_no_read_once_its_tool_returned(monkeypatch: pytest.MonkeyPatch) -> None:
     """The worker hears its own "changed: completed" while the outcome is being written: it used
     to read the database for every finished task and log it as "cancelled or superseded"."""
-    from mcptasks.worker import WorkerBackend
+    from mcptasks.worker.backend import WorkerBackend
 
     w = worker()
     w.channel = "me"

@@ -1,0 +1,24 @@
+"""Worker liveness rows."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class WorkerHeartbeat(models.Model):
+    """A live worker process; stale rows show operators which workers died."""
+
+    worker_id = models.CharField(primary_key=True, max_length=64)
+    hostname = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    concurrency = models.IntegerField()
+    running = models.IntegerField(default=0)
+    started_at = models.DateTimeField(auto_now_add=True)
+    last_seen_at = models.DateTimeField(db_index=True)
+    stopping = models.BooleanField(default=False)
+    #: The process's resident memory and asyncio task count at its last heartbeat (``/metrics``).
+    rss_bytes = models.BigIntegerField(default=0)
+    asyncio_tasks = models.IntegerField(default=0)
+
+    def __str__(self) -> str:
+        return self.worker_id

@@ -1,0 +1,169 @@
+"""The SSE event store: stream ids, stored events and their cursors, and what a stream answers.
+
+A **stream event** (:func:`publish`) is a JSON-RPC message meant for exactly one SSE stream of a
+session. It is stored (``StreamEvent``, numbered under the stream's ``StreamCursor`` row) for
+replay with ``Last-Event-ID`` and, after commit, pushed to the stream's group
+(:func:`mcptasks.streams.signals.stream_group`), which holds at most one live HTTP connection.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Case, Max, Q, Value, When
+from django.utils import timezone
+
+from mcptasks import conf
+from mcptasks.models import StreamCursor, StreamEvent
+from mcptasks.streams.signals import hashed, send, send_many, stream_group
+
+
+def new_stream_id(prefix: str) -> str:
+    """A fresh stream id: ``p`` POST, ``r`` tasks/result; GET streams use :func:`get_stream_id`."""
+    return prefix + secrets.token_hex(8)
+
+
+def get_stream_id(session_id: str) -> str:
+    """The id of a session's standalone GET stream (stable for the session's life)."""
+    return "g" + hashed("get:" + session_id)[:16]
+
+
+def parse_event_id(event_id: str) -> tuple[str, int] | None:
+    """Split an SSE event id into (stream id, sequence); None if malformed.
+
+    Data events are ``<stream>.<seq>``; priming events add ``-<nonce>`` so that every id is
+    unique within the session even when a stream is re-opened at the same position.
+    """
+    stream, _, seq = event_id.rpartition(".")
+    seq = seq.split("-", 1)[0]
+    if not stream or not seq.isdigit() or len(stream) > 64:
+        return None
+    return stream, int(seq)
+
+
+def priming_id(stream_id: str, seq: int) -> str:
+    """A unique event id for a priming event positioned after event ``seq`` of the stream."""
+    return f"{stream_id}.{seq}-{secrets.token_hex(4)}"
+
+
+def _locked_cursor(*, session_id: str, stream_id: str) -> StreamCursor:
+    """The stream's cursor row, created if missing, locked until the transaction ends."""
+    # A missing cursor starts after the newest stored event, not at 0: cleanup may have
+    # removed the cursor of a stream whose session row is gone (tasks enqueued without a
+    # client) while its events are still retained.
+    cursor, _ = StreamCursor.objects.select_for_update().get_or_create(
+        stream_id=stream_id,
+        defaults={
+            "session_id": session_id,
+            # A callable: evaluated only when the row is created (django-stubs do not know it).
+            "last_seq": lambda: StreamEvent.objects.filter(stream_id=stream_id).aggregate(m=Max("seq"))["m"] or 0,
+        },  # type: ignore[misc]
+    )
+    return cursor
+
+
+def _append(*, session_id: str, stream_id: str, data: str) -> StreamEvent:
+    """Store ``data`` as the next event of the stream, numbered under the stream's row lock."""
+    with transaction.atomic():
+        cursor = _locked_cursor(session_id=session_id, stream_id=stream_id)
+        cursor.last_seq += 1
+        cursor.save(update_fields=["last_seq", "updated_at"])
+        event = StreamEvent.objects.create(session_id=session_id, stream_id=stream_id, seq=cursor.last_seq, data=data)
+        cap = conf.get().STREAM_MAX_EVENTS
+        if cap > 0 and cursor.last_seq > cap:
+            # Keep the newest ``cap`` events (one indexed DELETE, under the stream's row lock):
+            # however much a tool sends, its stream never holds more.
+            StreamEvent.objects.filter(stream_id=stream_id, seq__lte=cursor.last_seq - cap).delete()
+        return event
+
+
+def publish(*, session_id: str, stream_id: str, message: dict[str, Any]) -> str:
+    """Store ``message`` as the next event of ``stream_id`` and push it to its connection.
+
+    Returns the SSE event id. Synchronous (database write); call from a thread in async code.
+    The push happens after commit, so a connection that sees a gap can always read it back.
+    """
+    data = json.dumps(message, separators=(",", ":"))
+    event = _append(session_id=session_id, stream_id=stream_id, data=data)
+    push = {"type": "stream.event", "event_id": event.event_id, "seq": event.seq, "data": data}
+    transaction.on_commit(lambda: send(stream_group(stream_id), push))
+    return event.event_id
+
+
+def publish_many(
+    items: Sequence[tuple[str, str, dict[str, Any]]], *, signals: Sequence[tuple[str, dict[str, Any]]] = ()
+) -> list[str]:
+    """:func:`publish` for many ``(session_id, stream_id, message)`` at once; their event ids.
+
+    One transaction stores them all: the streams' cursors are locked in key order (concurrent
+    publishers never deadlock), advanced by one UPDATE, and the events written by one INSERT.
+    Events of one stream keep the order of ``items``. After commit, the pushes and then
+    ``signals`` (``(group, message)`` pairs, e.g. task signals) are sent in one hop to the event
+    loop, a few at a time, instead of a blocking round trip per message.
+    """
+    if not items:
+        send_many([], list(signals))
+        return []
+    datas = [json.dumps(message, separators=(",", ":")) for _s, _st, message in items]
+    sessions: dict[str, str] = {}
+    for session_id, stream_id, _m in items:
+        sessions.setdefault(stream_id, session_id)
+    streams = sorted(sessions)
+    cap = conf.get().STREAM_MAX_EVENTS
+    with transaction.atomic():
+        seqs = dict(
+            StreamCursor.objects.select_for_update().filter(stream_id__in=streams).order_by("stream_id")
+            .values_list("stream_id", "last_seq")
+        )
+        for stream_id in (s for s in streams if s not in seqs):
+            # Rare (a stream's first event, or its cursor removed by cleanup): created as one
+            # event's publish creates it, still locked.
+            seqs[stream_id] = _locked_cursor(session_id=sessions[stream_id], stream_id=stream_id).last_seq
+        events: list[StreamEvent] = []
+        ids: list[str] = []
+        for (session_id, stream_id, _m), data in zip(items, datas, strict=True):
+            seqs[stream_id] += 1
+            events.append(StreamEvent(session_id=session_id, stream_id=stream_id, seq=seqs[stream_id], data=data))
+            ids.append(f"{stream_id}.{seqs[stream_id]}")
+        StreamCursor.objects.filter(stream_id__in=streams).update(
+            last_seq=Case(*[When(stream_id=s, then=Value(seqs[s])) for s in streams]), updated_at=timezone.now()
+        )
+        StreamEvent.objects.bulk_create(events)
+        over = [s for s in streams if cap > 0 and seqs[s] > cap]
+        if over:
+            # As _append: keep the newest ``cap`` events of each stream (one DELETE).
+            drop = Q()
+            for s in over:
+                drop |= Q(stream_id=s, seq__lte=seqs[s] - cap)
+            StreamEvent.objects.filter(drop).delete()
+        pushes = [
+            (stream_group(stream_id), {"type": "stream.event", "event_id": event_id,
+                                       "seq": int(event_id.rpartition(".")[2]), "data": data})
+            for (_s, stream_id, _m), data, event_id in zip(items, datas, ids, strict=True)
+        ]
+        transaction.on_commit(lambda: send_many(pushes, list(signals)))
+    return ids
+
+
+def last_seq(stream_id: str) -> int:
+    """The sequence number of the newest event of a stream (0 when it has none)."""
+    return int(StreamCursor.objects.filter(pk=stream_id).values_list("last_seq", flat=True).first() or 0)
+
+
+def bind_stream(*, session_id: str, stream_id: str, task_id: str, rpc_id: str | int | None) -> None:
+    """Record on the stream's cursor row that it answers ``tasks/result`` ``rpc_id`` for ``task_id``."""
+    StreamCursor.objects.update_or_create(
+        stream_id=stream_id, defaults={"session_id": session_id, "task_id": task_id, "rpc_id": rpc_id}
+    )
+
+
+def stream_binding(*, session_id: str, stream_id: str) -> dict[str, Any] | None:
+    """``{"taskId", "rid"}`` of a tasks/result stream of ``session_id``, or None."""
+    row = StreamCursor.objects.filter(stream_id=stream_id, session_id=session_id).values("task_id", "rpc_id").first()
+    if row is None or not row["task_id"]:
+        return None
+    return {"taskId": row["task_id"], "rid": row["rpc_id"]}

@@ -1,0 +1,107 @@
+"""Task creation: one row (a task or a plain request), its quota slot and audit event, one transaction."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from mcptasks import conf, observability
+from mcptasks.models import McpSession, Task, TaskStatus
+from mcptasks.streams import signals
+from mcptasks.tasks import auditing, idempotency
+from mcptasks.tools.registry import Tool
+from tenants import quotas
+from tenants.auth import AuthContext
+from tenants.selectors import effective_limits
+
+
+def create_task(
+    *,
+    auth: AuthContext,
+    session: McpSession,
+    tool: Tool,
+    arguments: dict[str, Any],
+    request_id: str | int,
+    progress_token: str | int | None,
+    kind: str = Task.Kind.TASK,
+    requested_ttl_ms: int | None = None,
+    stream_id: str | None = None,
+    idempotency_key: str | None = None,
+) -> Task:
+    """Create a task (or plain request) row and wake a worker once it is committed.
+
+    The ttl is clamped to the tenant's maximum; the quota slot is taken in the same
+    transaction, so a refused creation leaves nothing behind. With an ``idempotency_key``
+    (:mod:`mcptasks.tasks.idempotency`) a retry returns the task the first attempt created.
+    """
+    # No look-up first: a first attempt (nearly every creation) costs no extra round trip. With an
+    # idempotency key, a retry's insert hits the unique key (at once, or once a concurrent
+    # duplicate commits) and rolls back before any slot or audit row is taken; it then finds
+    # the first task.
+    try:
+        limits = effective_limits(tenant_id=auth.tenant_id)
+        now = timezone.now()
+        if kind == Task.Kind.TASK:
+            ttl = limits.default_ttl_ms if requested_ttl_ms is None else requested_ttl_ms
+            # Clamped both ways: a client's ttl may be any JSON integer (2^63-1, 10^40).
+            ttl = max(0, min(ttl, limits.max_ttl_ms))
+            poll = limits.poll_interval_ms
+        else:
+            ttl = None
+            poll = None
+        expires = now + dt.timedelta(milliseconds=ttl) if ttl is not None else None
+        max_attempts = conf.get().TASK_MAX_ATTEMPTS if tool.retryable else 1
+        with transaction.atomic():
+            task = Task.objects.create(
+                kind=kind,
+                tenant_id=auth.tenant_id,
+                principal_id=auth.principal_id,
+                session_id=session.pk,
+                status=TaskStatus.WORKING,
+                method="tools/call",
+                tool_name=tool.name,
+                params={"name": tool.name, "arguments": arguments},
+                request_id=request_id,
+                progress_token=progress_token,
+                ttl_ms=ttl,
+                poll_interval_ms=poll,
+                created_at=now,
+                last_updated_at=now,
+                expires_at=expires,
+                max_attempts=max_attempts,
+                stream_id=stream_id,
+                idempotency_key=idempotency_key,
+                # The creating span, so the worker's spans join this request's trace ("" when off).
+                traceparent=observability.current_traceparent(),
+            )
+            if kind == Task.Kind.TASK:
+                auditing.record_audit(
+                    auth=auth, action="task.create", task_id=task.task_id, data={"tool": tool.name, "ttl": ttl}
+                )
+            # Every run takes a slot, plain calls included: they occupy workers just the same. Taken
+            # last, just before the commit: the slot's UPDATE locks the tenant's row until then, and
+            # every creation of the tenant waits for that lock, so it is held for as little as can
+            # be. A refusal rolls the task and its audit row back with it.
+            quotas.acquire_task_slot(tenant_id=auth.tenant_id, principal_id=auth.principal_id)
+            transaction.on_commit(signals.wake_workers)
+        return task
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        # A duplicate committed first (if concurrent, the unique constraint made this insert
+        # wait for it): answer with its task; this attempt left nothing behind.
+        existing = _idempotent_match(auth=auth, key=idempotency_key, tool=tool, arguments=arguments)
+        if existing is None:
+            raise
+        return existing
+
+
+def _idempotent_match(*, auth: AuthContext, key: str, tool: Tool, arguments: dict[str, Any]) -> Task | None:
+    """The task this principal created with ``key``, or None; refuses a different call."""
+    task = Task.objects.filter(tenant_id=auth.tenant_id, principal_id=auth.principal_id, idempotency_key=key).first()
+    if task is not None and (task.tool_name != tool.name or (task.params or {}).get("arguments") != arguments):
+        raise idempotency.mismatch()
+    return task

@@ -1,1 +1,0 @@
-"""The Streamable HTTP transport (a Channels consumer) and SSE framing."""

@@ -1,0 +1,1 @@
+"""Worker processes: claim tasks with leases, run tools, write outcomes, reap and keep house."""

@@ -1,0 +1,293 @@
+"""The worker: claims tasks with leases, runs tools, heartbeats, recovers from crashes.
+
+Claiming is a short transaction (``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL) that
+stamps the next attempt number, the worker id and a lease; the tool runs outside it. A
+heartbeat renews the leases of every running task in one UPDATE and reads the cancel flag.
+When a worker dies, its leases lapse and another worker either re-runs the task (retryable
+tools, up to ``max_attempts``) or fails it with "worker lost during execution". Every outcome
+is written with ``WHERE attempt = <ours>`` so a superseded run can never overwrite the task.
+
+On SIGTERM the worker stops claiming, lets running tools finish within the shutdown grace and
+hands the rest back: their lease is released at once and the interrupted run does not count
+against ``max_attempts`` (the next run still gets a fresh attempt number).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from channels.layers import get_channel_layer
+
+from mcptasks import conf, observability
+from mcptasks.audit import housekeeping as audit_housekeeping
+from mcptasks.models import Outcome, Task
+from mcptasks.streams import webhooks
+from mcptasks.tasks import runs
+from mcptasks.tools.registry import Registry, registry
+from mcptasks.worker import rows
+from mcptasks.worker.backend import WorkerBackend, run_tool
+from mcptasks.worker.dbthread import LeaseThread, db
+from mcptasks.worker.housekeeping import Housekeeping
+from mcptasks.worker.membership import ChannelMembership
+from mcptasks.worker.outcomes import OutcomeWriting
+
+logger = logging.getLogger(__name__)
+
+#: A worker holds at most this many times its concurrency in runs, counting those that wait
+#: for their client (which do not count against the concurrency itself).
+WAITING_FACTOR = 4
+
+
+class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
+    """Runs tools for tasks and plain requests; one instance per worker process (or embedded).
+
+    This class is the claim/run loop; its channel-layer membership, housekeeping and outcome
+    writing are the mixins of :mod:`~mcptasks.worker.membership`,
+    :mod:`~mcptasks.worker.housekeeping` and :mod:`~mcptasks.worker.outcomes`. It holds no
+    queries: the task store is changed through :mod:`mcptasks.tasks`.
+    """
+
+    def __init__(
+        self,
+        *,
+        concurrency: int | None = None,
+        worker_id: str | None = None,
+        registry_: Registry | None = None,
+        run_cleanup: bool = True,
+        burst: bool = False,
+        max_tasks: int | None = None,
+    ) -> None:
+        s = conf.get()
+        #: Stop once nothing is runnable and nothing runs (``--burst``).
+        self.burst = burst
+        #: Stop after starting this many runs, once they end (``--max-tasks``).
+        self.max_tasks = max_tasks
+        self.started = 0
+        self.concurrency = concurrency or s.WORKER_CONCURRENCY
+        self.worker_id = worker_id or f"{socket.gethostname()[:40]}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.registry = registry_ or registry
+        self.running: dict[str, tuple[asyncio.Task[Any], WorkerBackend, int]] = {}
+        self.wake = asyncio.Event()
+        self.stopping = False
+        self.run_cleanup = run_cleanup
+        self.channel: str | None = None
+        #: Set when a handed-back sync tool may still be running in a thread at exit.
+        self.abandoned_threads = False
+        #: Runs handed back at shutdown (released leases), for whoever reports the shutdown.
+        self.handed_back_total = 0
+        self._layer = get_channel_layer()
+        self._last_cleanup = 0.0
+        self._last_reap = 0.0
+        self._bg: set[asyncio.Future[Any]] = set()
+        #: Outcomes waiting for the batch writer, and the writer while it runs.
+        self._outcomes: list[tuple[Task, Outcome, asyncio.Future[bool]]] = []
+        self._writer: asyncio.Future[None] | None = None
+        #: Sync tools run here (never in the default executor, which others share).
+        self.tool_executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="mcptasks-tool")
+        self._lease = LeaseThread()
+        self._housekeeping = LeaseThread()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._rejoining: asyncio.Future[Any] | None = None
+        #: The webhook delivery loop while :meth:`run` runs.
+        self._webhooks: webhooks.WebhookSender | None = None
+        self._joined_at = 0.0
+
+    def _free_slots(self) -> int:
+        """Runs this worker may start: ``concurrency`` minus the runs not waiting for a client,
+        and never more than ``WAITING_FACTOR`` times ``concurrency`` runs in all."""
+        busy = sum(1 for _t, backend, _a in self.running.values() if not backend.awaiting_client)
+        return min(self.concurrency - busy, self.concurrency * WAITING_FACTOR - len(self.running))
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Claim and run tasks until ``stop`` is set, then drain within the shutdown grace."""
+        stop = stop or asyncio.Event()
+        s = conf.get()
+        await self._heartbeat_row()
+        listener = asyncio.ensure_future(self._listen())
+        heart = asyncio.ensure_future(self._heartbeat_loop())
+        sealer = asyncio.ensure_future(self._seal_loop()) if self.run_cleanup else None
+        # Webhook deliveries go out from every worker (rows are claimed, so workers share them).
+        sender = self._webhooks = webhooks.WebhookSender(worker_id=self.worker_id)
+        hooks = asyncio.ensure_future(sender.run())
+        logger.info("worker %s started (concurrency %d)", self.worker_id, self.concurrency)
+        try:
+            while not stop.is_set():
+                # Clear before claiming: a wake-up that arrives during the claim is kept.
+                self.wake.clear()
+                try:
+                    await self._maybe_cleanup()
+                    await self._maybe_reap()
+                    free = self._free_slots()
+                    if self.max_tasks is not None:
+                        free = min(free, self.max_tasks - self.started)
+                    claimed = await db(self._claim)(
+                        free, running=list(self.running), tenant_running=self._busy_by_tenant()
+                    ) if free > 0 else []
+                    for task in claimed:
+                        self._start(task)
+                    if self._finished_its_work(claimed):
+                        break
+                except Exception:
+                    logger.warning("claim loop failed; retrying after the poll interval", exc_info=True)
+                waiters = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(stop.wait())]
+                await asyncio.wait(waiters, timeout=s.WORKER_POLL_S, return_when=asyncio.FIRST_COMPLETED)
+                for w in waiters:
+                    w.cancel()
+        finally:
+            self.stopping = True
+            try:
+                await self._heartbeat_row()
+                await self._drain(s.WORKER_SHUTDOWN_GRACE_S)
+            finally:
+                heart.cancel()
+                listener.cancel()
+                hooks.cancel()
+                sender.shutdown()
+                if sealer is not None:
+                    sealer.cancel()
+                    with contextlib.suppress(Exception):
+                        # What this worker's runs appended is chained before it exits.
+                        await self._housekeeping(audit_housekeeping.housekeep)()
+                await db(rows.worker_gone)(worker_id=self.worker_id)
+                # Abandoned sync tools (handed back) may still run: don't wait for them.
+                self.tool_executor.shutdown(wait=False, cancel_futures=True)
+                self._lease.shutdown()
+                self._housekeeping.shutdown()
+                logger.info("worker %s stopped", self.worker_id)
+
+    def _finished_its_work(self, claimed: list[Task]) -> bool:
+        if self.running or self._outcomes:
+            return False
+        if self.max_tasks is not None and self.started >= self.max_tasks:
+            return True
+        return self.burst and not claimed
+
+    async def _drain(self, grace: float) -> None:
+        """Let running tools finish within ``grace``; hand the rest back."""
+        if not self.running:
+            return
+        logger.info("worker %s draining %d running tasks (grace %gs)", self.worker_id, len(self.running), grace)
+        _done, pending = await asyncio.wait([t for t, _b, _a in self.running.values()], timeout=grace)
+        handed: list[tuple[str, int]] = []
+        for task_id, (atask, backend, attempt) in list(self.running.items()):
+            if atask not in pending:
+                continue
+            # Whatever the interrupted run does from now on is discarded (ctx.cancelled is True).
+            backend.handed_back = True
+            backend.cancel_flag = True
+            backend.answered.set()
+            tool = self.registry.get_tool(backend.task.tool_name)
+            if tool is not None and not tool.is_async:
+                self.abandoned_threads = True
+            atask.cancel()
+            handed.append((task_id, attempt))
+        if pending:
+            await asyncio.wait(pending, timeout=2)
+        if handed:
+            n = await db(self._release)(handed)
+            self.handed_back_total += n
+            logger.info("worker %s handed back %d tasks", self.worker_id, n)
+
+    def _release(self, handed: list[tuple[str, int]]) -> int:
+        """Release our leases at once; the interrupted attempt does not count against the limit."""
+        return runs.hand_back(worker_id=self.worker_id, runs=handed)
+
+    def _claim(self, limit: int, *, running: list[str] | None = None,
+               tenant_running: dict[int, int] | None = None) -> list[Task]:
+        """Take up to ``limit`` runnable tasks in one short transaction (see ``TaskQuerySet.claim``).
+
+        From the event loop, pass ``running`` and ``tenant_running`` taken there: this runs in the
+        database thread, and reading ``self.running`` here while the loop starts and ends runs
+        raised "dictionary changed size during iteration" (a skipped claim round, seen in the soak).
+        """
+        return runs.claim_runs(
+            worker_id=self.worker_id, limit=limit,
+            exclude=list(self.running) if running is None else running,
+            limited={t.name: t.max_concurrency for t in self.registry.tools.values() if t.max_concurrency},
+            tenant_running=self._busy_by_tenant() if tenant_running is None else tenant_running,
+            tenant_cap=self._tenant_cap(),
+        )
+
+    def _busy_by_tenant(self) -> dict[int, int]:
+        """This worker's runs per tenant, not counting those waiting for their client."""
+        busy: dict[int, int] = {}
+        for _t, backend, _a in self.running.values():
+            if backend is not None and not backend.awaiting_client:
+                busy[backend.task.tenant_id] = busy.get(backend.task.tenant_id, 0) + 1
+        return busy
+
+    def _tenant_cap(self) -> int | None:
+        """Most runs one tenant may have here: ``concurrency`` less the reserved slots (at least 1).
+
+        The reserved slots stay free for other tenants however many tasks one tenant queues,
+        so another tenant's task starts at once instead of waiting for a flood of long runs.
+        """
+        reserved = conf.get().WORKER_TENANT_RESERVED_SLOTS
+        return max(1, self.concurrency - reserved) if reserved > 0 else None
+
+    def _start(self, task: Task) -> None:
+        self.started += 1
+        backend = WorkerBackend(self, task)
+        atask = asyncio.ensure_future(self._execute(task, backend))
+        self.running[task.task_id] = (atask, backend, task.attempt)
+        self._task_group(task.task_id, join=True)
+
+        def done(_f: asyncio.Future[Any]) -> None:
+            entry = self.running.get(task.task_id)
+            if entry is not None and entry[0] is atask:
+                self.running.pop(task.task_id, None)
+            if not self.stopping:
+                self._task_group(task.task_id, join=False)
+            self.wake.set()
+
+        atask.add_done_callback(done)
+
+    async def _execute(self, task: Task, backend: WorkerBackend) -> None:
+        # The run's log lines name its task; its spans join the trace of the request that created it.
+        with observability.task_run(task, worker_id=self.worker_id):
+            outcome = await self._run(task, backend)
+            if outcome is not None:
+                backend.finishing = True
+                try:
+                    # The latest progress held back by the rate limit goes out before the outcome.
+                    await backend.flush_progress()
+                except Exception:
+                    logger.warning("sending the last progress of task %s failed", task.task_id, exc_info=True)
+                with observability.span("mcptasks.task.notify", task=task, **{"mcptasks.status": outcome.status}):
+                    await self._finish(task, outcome)
+            elif backend._progress_timer is not None:
+                backend._progress_timer.cancel()
+
+    async def _run(self, task: Task, backend: WorkerBackend) -> Outcome | None:
+        """Run the tool; how the run ended (None: nothing to write: cancelled, superseded, handed back)."""
+        return await run_tool(self, task, backend)
+
+    async def _check_cancel(self, task_id: str) -> None:
+        entry = self.running.get(task_id)
+        if entry is None:
+            return
+        attempt = entry[2]
+        if not await db(runs.is_current_run)(task_id=task_id, attempt=attempt):
+            await self._cancel_local(task_id)
+
+    async def _cancel_local(self, task_id: str) -> None:
+        """Stop a run: async tools are cancelled, sync tools see ``ctx.cancelled``."""
+        entry = self.running.get(task_id)
+        if entry is None:
+            return
+        atask, backend, _attempt = entry
+        if backend.cancel_flag:
+            return
+        backend.cancel_flag = True
+        backend.answered.set()
+        tool = self.registry.get_tool(backend.task.tool_name)
+        if tool is not None and tool.is_async:
+            atask.cancel()
+        logger.info("task %s stopped in worker %s (cancelled or superseded)", task_id, self.worker_id)

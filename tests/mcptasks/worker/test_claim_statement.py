@@ -1,0 +1,113 @@
+"""Issue 27: on PostgreSQL a worker's claim is one statement, and concurrent claims never share a row."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from mcptasks.models import Task
+from tests.support.factories import make_auth, make_session, task_row
+
+pytestmark = pytest.mark.skipif(connection.vendor != "postgresql", reason="the single statement is PostgreSQL's")
+
+CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO SAVEPOINT")
+
+
+def _claim(worker_id: str, limit: int, **kw: Any) -> list[Task]:
+    now = timezone.now()
+    return Task.objects.claim(worker_id=worker_id, limit=limit, now=now,
+                              lease_until=now + dt.timedelta(seconds=30), **kw)
+
+
+def _statements(ctx: CaptureQueriesContext) -> list[str]:
+    return [q["sql"] for q in ctx.captured_queries if not q["sql"].upper().startswith(CONTROL)]
+
+
+@pytest.mark.django_db
+def test_the_claim_is_one_statement_with_what_the_tool_context_needs() -> None:
+    auth = make_auth()
+    session = make_session(auth)
+    session.client_capabilities = {"elicitation": {}}
+    session.save()
+    rows = [task_row("plain", auth=auth) for _ in range(3)]
+    Task.objects.filter(pk__in=[r.pk for r in rows]).update(session_id=session.pk)
+    with CaptureQueriesContext(connection) as ctx:
+        claimed = _claim("w1", 2, limited={"other_tool": 1})
+    assert len(_statements(ctx)) == 1, _statements(ctx)
+    assert [t.task_id for t in claimed] == [r.task_id for r in rows[:2]]
+    for t in claimed:
+        assert (t.attempt, t.worker_id) == (1, "w1")
+        assert t.lease_expires_at is not None and t.started_at is not None
+        assert t.client_caps == {"elicitation": {}}
+        assert (t.tenant_slug, t.principal_ident) == (auth.tenant_slug, auth.principal_name)
+        assert t.params == {"name": "plain", "arguments": {}}  # JSON decoded as the ORM does
+    stored = Task.objects.get(pk=claimed[0].pk)
+    assert (stored.attempt, stored.worker_id, stored.lease_expires_at) == (1, "w1", claimed[0].lease_expires_at)
+    # Nothing claimable: still one statement, nothing claimed.
+    with CaptureQueriesContext(connection) as ctx:
+        assert _claim("w2", 5, exclude=[rows[2].task_id]) == []
+    assert len(_statements(ctx)) == 1
+
+
+@pytest.mark.django_db
+def test_a_waiting_limited_tool_takes_the_counted_path() -> None:
+    auth = make_auth()
+    task_row("plain", auth=auth)
+    for _ in range(3):
+        task_row("one_at_a_time", auth=auth)
+    with CaptureQueriesContext(connection) as ctx:
+        claimed = _claim("w1", 10, limited={"one_at_a_time": 1})
+    assert sorted(t.tool_name for t in claimed) == ["one_at_a_time", "plain"]
+    assert len(_statements(ctx)) > 1  # the probe, the advisory lock and count, then rank, lock, update
+    assert _claim("w2", 10, limited={"one_at_a_time": 1}) == []
+
+
+@pytest.mark.django_db
+def test_fair_order_and_caps_in_the_statement() -> None:
+    busy, idle = make_auth(), make_auth()
+    for _ in range(5):
+        task_row("plain", auth=busy)
+    for _ in range(2):
+        task_row("plain", auth=idle)
+    # busy already runs 2 here, cap 3: busy gets one more, after idle's two (its turns are 3, 4...).
+    claimed = _claim("w1", 10, tenant_running={busy.tenant_id: 2}, tenant_cap=3)
+    assert [t.tenant_id for t in claimed] == [idle.tenant_id, idle.tenant_id, busy.tenant_id]
+    # A tenant at its cap is not even ranked.
+    assert _claim("w2", 10, tenant_running={busy.tenant_id: 3}, tenant_cap=3) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_claimers_never_get_the_same_row() -> None:
+    auths = [make_auth() for _ in range(3)]
+    ids = {task_row("plain", auth=auths[i % 3]).task_id for i in range(60)}
+    got: dict[str, list[str]] = {}
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def claimer(name: str) -> None:
+        try:
+            start.wait()
+            mine = got.setdefault(name, [])
+            while batch := _claim(name, 3):
+                mine.extend(t.task_id for t in batch)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=claimer, args=(f"w{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    every = [tid for mine in got.values() for tid in mine]
+    assert len(every) == len(set(every)) == len(ids)  # each row claimed exactly once
+    assert set(every) == ids
+    assert set(Task.objects.values_list("attempt", flat=True)) == {1}
