@@ -251,6 +251,23 @@ def exactly_once(dsn: str) -> str:
     return f"{len(rows)} tasks, {len(rows) - len(bad)} completed once, {live} still live, {len(bad)} other"
 
 
+def phases(dsn: str) -> str:
+    """Where created -> terminal goes: waiting to be claimed, then claimed -> finished (the run
+    and the outcome write), p50 / p99 over every terminal task of the run."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT EXTRACT(EPOCH FROM started_at - created_at) * 1000, "
+            "EXTRACT(EPOCH FROM finished_at - started_at) * 1000 FROM mcptasks_task "
+            "WHERE started_at IS NOT NULL AND finished_at IS NOT NULL").fetchall()
+    if not rows:
+        return "no finished tasks"
+    wait, run = [float(r[0]) for r in rows], [float(r[1]) for r in rows]
+    return (f"created -> claimed p50 {statistics.median(wait):.0f} / p99 {_pct(wait, 0.99):.0f} ms, "
+            f"claimed -> finished p50 {statistics.median(run):.0f} / p99 {_pct(run, 0.99):.0f} ms")
+
+
 def _start_service(repo: Path, concurrency: int) -> tuple[Any, str, list[str], list[int]]:
     """A stack of ``repo``'s code: 2 daphne + 2 workers, the bench tenant without limits or rates."""
     from tests.support import servers
@@ -320,6 +337,7 @@ def main() -> None:
         time.sleep(2)
         for name, (stack, _t, _u, _p) in stacks.items():
             print(f"{name} exactly once: {exactly_once(stack.env['DATABASE_URL'])}")
+            print(f"{name} phases: {phases(stack.env['DATABASE_URL'])}")
     finally:
         if peer is not None:
             peer.kill()
