@@ -75,6 +75,8 @@ def transition(
                 setattr(task, key, value)
             # The outbox rows commit (or roll back) with the transition itself.
             webhook_outbox.enqueue([task], now=now)
+            if terminal:
+                _give_back_slots([task])
     if not changed:
         return False
     fanout.after_change(task)
@@ -113,6 +115,7 @@ def finish_runs(*, runs: list[tuple[Task, Outcome]]) -> Finished:
                 task.error = outcome.error
         # The outbox rows of the whole batch commit (or roll back) with its outcomes.
         deliveries = webhook_outbox.enqueue([t for t, _o in ended], now=now)
+        _give_back_slots([t for t, _o in ended])
     fanout.after_changes([t for t, _o in ended])
     finished = Finished(o.pk in won for _t, o in runs)
     finished.deliveries = deliveries
@@ -120,8 +123,8 @@ def finish_runs(*, runs: list[tuple[Task, Outcome]]) -> Finished:
 
 
 def _ended(*, tasks: list[Task], messages: dict[int, str | None], statuses: dict[int, str]) -> None:
-    """In the transaction that made ``tasks`` terminal: slots back, requests dropped, audited."""
-    quotas.release_task_slots(slots=[(t.tenant_id, t.principal_id) for t in tasks])
+    """In the transaction that made ``tasks`` terminal: requests dropped, audited (the slots go
+    back last, :func:`_give_back_slots`)."""
     # Unanswered server->client requests die with their task.
     selectors.pending_input(task_ids=[t.pk for t in tasks]).delete()
     # In the transition's own transaction: whoever sees the terminal status also finds its
@@ -132,6 +135,17 @@ def _ended(*, tasks: list[Task], messages: dict[int, str | None], statuses: dict
                     data={"statusMessage": messages[t.pk]} if messages.get(t.pk) else {})
         for t in tasks if t.kind == Task.Kind.TASK
     )
+
+
+def _give_back_slots(tasks: list[Task]) -> None:
+    """The quota slots of ``tasks``, given back as the last statement before the commit.
+
+    The release locks the tenant's (and principal's) counter row until the commit, and every
+    creation of that tenant waits for the lock: taken last, it is held for one round trip (the
+    COMMIT), never across the audit, input and outbox statements (issue 27).
+    """
+    if tasks:
+        quotas.release_task_slots(slots=[(t.tenant_id, t.principal_id) for t in tasks])
 
 
 def set_status_message(*, task: Task, message: str, attempt: int | None = None) -> bool:

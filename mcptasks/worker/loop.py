@@ -45,6 +45,12 @@ logger = logging.getLogger(__name__)
 WAITING_FACTOR = 4
 
 
+def _holds_slot(backend: WorkerBackend) -> bool:
+    """Whether a run counts against the worker's concurrency: its tool runs, not waiting for
+    the client and not yet returned."""
+    return not backend.awaiting_client and not backend.finishing
+
+
 class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
     """Runs tools for tasks and plain requests; one instance per worker process (or embedded).
 
@@ -93,6 +99,10 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
         self.tool_executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="mcptasks-tool")
         self._lease = LeaseThread()
         self._housekeeping = LeaseThread()
+        #: Claims have a thread (and connection) of their own: in the shared database thread a
+        #: claim queued behind every batch of outcomes and its fan-out, and tasks waited to be
+        #: claimed while slots were free (issue 27).
+        self._claimer = LeaseThread()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._rejoining: asyncio.Future[Any] | None = None
         #: The webhook delivery loop while :meth:`run` runs.
@@ -100,9 +110,15 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
         self._joined_at = 0.0
 
     def _free_slots(self) -> int:
-        """Runs this worker may start: ``concurrency`` minus the runs not waiting for a client,
-        and never more than ``WAITING_FACTOR`` times ``concurrency`` runs in all."""
-        busy = sum(1 for _t, backend, _a in self.running.values() if not backend.awaiting_client)
+        """Runs this worker may start: ``concurrency`` minus the runs whose tool is running, and
+        never more than ``WAITING_FACTOR`` times ``concurrency`` runs in all.
+
+        A run waiting for its client, or whose tool has returned and whose outcome waits for the
+        batch writer, holds no slot: the slot is for running tools. Holding it until the outcome
+        and its notifications were written kept slots idle for 3-5 times the run of a 50 ms tool
+        under load, while tasks waited to be claimed (bench/RESULTS.md, issue 27).
+        """
+        busy = sum(1 for _t, backend, _a in self.running.values() if _holds_slot(backend))
         return min(self.concurrency - busy, self.concurrency * WAITING_FACTOR - len(self.running))
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
@@ -127,7 +143,7 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
                     free = self._free_slots()
                     if self.max_tasks is not None:
                         free = min(free, self.max_tasks - self.started)
-                    claimed = await db(self._claim)(
+                    claimed = await self._claimer(self._claim)(
                         free, running=list(self.running), tenant_running=self._busy_by_tenant()
                     ) if free > 0 else []
                     for task in claimed:
@@ -159,6 +175,7 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
                 # Abandoned sync tools (handed back) may still run: don't wait for them.
                 self.tool_executor.shutdown(wait=False, cancel_futures=True)
                 self._lease.shutdown()
+                self._claimer.shutdown()
                 self._housekeeping.shutdown()
                 logger.info("worker %s stopped", self.worker_id)
 
@@ -219,7 +236,7 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
         """This worker's runs per tenant, not counting those waiting for their client."""
         busy: dict[int, int] = {}
         for _t, backend, _a in self.running.values():
-            if backend is not None and not backend.awaiting_client:
+            if backend is not None and _holds_slot(backend):
                 busy[backend.task.tenant_id] = busy.get(backend.task.tenant_id, 0) + 1
         return busy
 
@@ -243,8 +260,8 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
             entry = self.running.get(task.task_id)
             if entry is not None and entry[0] is atask:
                 self.running.pop(task.task_id, None)
-            if not self.stopping:
-                self._task_group(task.task_id, join=False)
+            if not self.stopping and not backend.finishing:
+                self._task_group(task.task_id, join=False)  # (a returned tool's run left already)
             self.wake.set()
 
         atask.add_done_callback(done)
@@ -255,6 +272,10 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
             outcome = await self._run(task, backend)
             if outcome is not None:
                 backend.finishing = True
+                self.wake.set()  # its slot is free: claim the next task while this one is written
+                # Nothing can stop a returned tool: leave the task's group now, so the run's own
+                # terminal signal is not sent back to this worker (a Redis delivery per task).
+                self._task_group(task.task_id, join=False)
                 try:
                     # The latest progress held back by the rate limit goes out before the outcome.
                     await backend.flush_progress()

@@ -54,7 +54,8 @@ class ChannelMembership:
         layer = self._layer
         if layer is None or self.channel is None:
             return True
-        groups = [signals.WORKERS_GROUP, *(signals.task_group(t) for t in list(self.running))]
+        groups = [signals.WORKERS_GROUP, *(signals.task_group(t) for t, (_a, backend, _n) in list(self.running.items())
+                                           if backend is None or not backend.finishing)]
         within_s = max(1.0, conf.get().LAYER_SEND_TIMEOUT_S)
         failure = await group_membership.join(layer, self.channel, groups, within_s=within_s)
         if failure is not None:

@@ -359,11 +359,13 @@ BULK = int(os.environ.get("MCPTASKS_TEST_BULK_TASKS", "3000"))
 @pytest.mark.timeout(900)
 def test_bulk_tasks_over_four_workers_end_terminal_exactly_once(mp: Stack, procs: list[Proc]) -> None:
     before = {r[0] for r in sql(mp, "SELECT task_id FROM mcptasks_task")}
-    out = mp.manage("mcptasks_enqueue", "test_tick", "--count", str(BULK), "--arguments", '{"n": 1}')
-    assert f"enqueued {BULK} tasks" in out.stdout
-    started = time.monotonic()
+    # Every worker runs before the tasks arrive, so all four share them: started one after the
+    # other into a full queue, the first ones took every task before the last one was up.
     workers = [mp.worker(concurrency=16) for _ in range(4)]
     procs += workers
+    started = time.monotonic()
+    out = mp.manage("mcptasks_enqueue", "test_tick", "--count", str(BULK), "--arguments", '{"n": 1}')
+    assert f"enqueued {BULK} tasks" in out.stdout
 
     def remaining() -> int:
         return int(sql(mp, "SELECT count(*) FROM mcptasks_task WHERE tool_name = 'test_tick' "

@@ -403,3 +403,35 @@ def test_a_claim_in_the_database_thread_reads_no_live_run_table() -> None:
     w.running = Mutating()
     claimed = w._claim(10, running=[], tenant_running={})
     assert [c.task_id for c in claimed] == [t.task_id]
+
+
+async def test_a_run_whose_tool_returned_frees_its_slot_before_its_outcome_is_written(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 27: the slot is for running tools. A run whose tool has returned only waits for the
+    batch writer; holding its slot until the outcome and its notifications were written kept
+    slots idle for several times a 50 ms tool's run under load while tasks waited to be claimed."""
+    from mcptasks.worker.backend import WorkerBackend
+
+    w = Worker(concurrency=1, worker_id="w-slot", registry_=reg, run_cleanup=False)
+    written = asyncio.Event()
+
+    async def tool_returns(task: Task, backend: WorkerBackend) -> Outcome:
+        return Outcome(pk=1, attempt=1, status="completed", result={"content": []})
+
+    async def slow_write(task: Task, outcome: Outcome) -> None:
+        await written.wait()  # the batch writer is busy (or the database slow)
+
+    monkeypatch.setattr(w, "_run", tool_returns)
+    monkeypatch.setattr(w, "_finish", slow_write)
+    task = Task(task_id="t-slot", tool_name="u_once", attempt=1, tenant_id=7)
+    backend = WorkerBackend(w, task)
+    w.running[task.task_id] = (asyncio.get_running_loop().create_future(), backend, 1)
+    assert w._free_slots() == 0 and w._busy_by_tenant() == {7: 1}  # its tool runs: the slot is taken
+
+    run = asyncio.ensure_future(w._execute(task, backend))
+    await asyncio.wait_for(w.wake.wait(), timeout=5)  # the loop is told to claim again at once
+    assert not run.done(), "the outcome is still being written"
+    assert w._free_slots() == 1 and w._busy_by_tenant() == {}
+    written.set()
+    await asyncio.wait_for(run, timeout=5)
