@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from channels.layers import get_channel_layer
+from django.db import connection
 
 from mcptasks import conf, observability
 from mcptasks.audit import housekeeping as audit_housekeeping
@@ -47,8 +48,23 @@ WAITING_FACTOR = 4
 
 def _holds_slot(backend: WorkerBackend) -> bool:
     """Whether a run counts against the worker's concurrency: its tool runs, not waiting for
-    the client and not yet returned."""
+    the client and not yet returned.
+
+    A run whose tool returned only waits for the batch writer: holding its slot until the
+    outcome and its notifications were written kept slots idle for 3-5 times the run of a
+    50 ms tool under load, while tasks waited to be claimed (bench/RESULTS.md, issue 27).
+    """
     return not backend.awaiting_client and not backend.finishing
+
+
+def _tenant_cap(concurrency: int) -> int | None:
+    """Most runs one tenant may have in a worker: ``concurrency`` less the reserved slots (at least 1).
+
+    The reserved slots stay free for other tenants however many tasks one tenant queues,
+    so another tenant's task starts at once instead of waiting for a flood of long runs.
+    """
+    reserved = conf.get().WORKER_TENANT_RESERVED_SLOTS
+    return max(1, concurrency - reserved) if reserved > 0 else None
 
 
 class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
@@ -99,10 +115,11 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
         self.tool_executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="mcptasks-tool")
         self._lease = LeaseThread()
         self._housekeeping = LeaseThread()
-        #: Claims have a thread (and connection) of their own: in the shared database thread a
-        #: claim queued behind every batch of outcomes and its fan-out, and tasks waited to be
-        #: claimed while slots were free (issue 27).
-        self._claimer = LeaseThread()
+        #: On PostgreSQL claims have a thread (and connection) of their own: in the shared
+        #: database thread a claim queued behind every batch of outcomes and its fan-out while
+        #: slots were free (issue 27). SQLite serialises writers anyway (and an in-memory one
+        #: refuses a second writer at once): there claims stay in the database thread.
+        self._claimer = LeaseThread() if connection.vendor == "postgresql" else None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._rejoining: asyncio.Future[Any] | None = None
         #: The webhook delivery loop while :meth:`run` runs.
@@ -110,14 +127,8 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
         self._joined_at = 0.0
 
     def _free_slots(self) -> int:
-        """Runs this worker may start: ``concurrency`` minus the runs whose tool is running, and
-        never more than ``WAITING_FACTOR`` times ``concurrency`` runs in all.
-
-        A run waiting for its client, or whose tool has returned and whose outcome waits for the
-        batch writer, holds no slot: the slot is for running tools. Holding it until the outcome
-        and its notifications were written kept slots idle for 3-5 times the run of a 50 ms tool
-        under load, while tasks waited to be claimed (bench/RESULTS.md, issue 27).
-        """
+        """Runs this worker may start: ``concurrency`` minus the runs holding a slot (see
+        :func:`_holds_slot`), and never more than ``WAITING_FACTOR`` times ``concurrency`` in all."""
         busy = sum(1 for _t, backend, _a in self.running.values() if _holds_slot(backend))
         return min(self.concurrency - busy, self.concurrency * WAITING_FACTOR - len(self.running))
 
@@ -143,7 +154,7 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
                     free = self._free_slots()
                     if self.max_tasks is not None:
                         free = min(free, self.max_tasks - self.started)
-                    claimed = await self._claimer(self._claim)(
+                    claimed = await (self._claimer or db)(self._claim)(
                         free, running=list(self.running), tenant_running=self._busy_by_tenant()
                     ) if free > 0 else []
                     for task in claimed:
@@ -175,7 +186,8 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
                 # Abandoned sync tools (handed back) may still run: don't wait for them.
                 self.tool_executor.shutdown(wait=False, cancel_futures=True)
                 self._lease.shutdown()
-                self._claimer.shutdown()
+                if self._claimer is not None:
+                    self._claimer.shutdown()
                 self._housekeeping.shutdown()
                 logger.info("worker %s stopped", self.worker_id)
 
@@ -229,7 +241,7 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
             exclude=list(self.running) if running is None else running,
             limited={t.name: t.max_concurrency for t in self.registry.tools.values() if t.max_concurrency},
             tenant_running=self._busy_by_tenant() if tenant_running is None else tenant_running,
-            tenant_cap=self._tenant_cap(),
+            tenant_cap=_tenant_cap(self.concurrency),
         )
 
     def _busy_by_tenant(self) -> dict[int, int]:
@@ -239,15 +251,6 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
             if backend is not None and _holds_slot(backend):
                 busy[backend.task.tenant_id] = busy.get(backend.task.tenant_id, 0) + 1
         return busy
-
-    def _tenant_cap(self) -> int | None:
-        """Most runs one tenant may have here: ``concurrency`` less the reserved slots (at least 1).
-
-        The reserved slots stay free for other tenants however many tasks one tenant queues,
-        so another tenant's task starts at once instead of waiting for a flood of long runs.
-        """
-        reserved = conf.get().WORKER_TENANT_RESERVED_SLOTS
-        return max(1, self.concurrency - reserved) if reserved > 0 else None
 
     def _start(self, task: Task) -> None:
         self.started += 1

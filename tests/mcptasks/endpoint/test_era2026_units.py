@@ -98,6 +98,7 @@ def test_era_selection() -> None:
 class _Backend:
     def __init__(self, waiting: int) -> None:
         self.awaiting_client = waiting
+        self.finishing = False
 
 
 def test_runs_waiting_for_their_client_free_worker_slots() -> None:

@@ -1,0 +1,106 @@
+"""Issue 27 benchmark: task creation at 1, 10 and 50 concurrent clients, next to the SDK peer.
+
+Each client (its own session) sends ``tools/call`` + ``task`` for ``demo_sleep(ms=50)`` in a
+closed loop for ``--seconds`` and records the answer time; nothing polls. The service is the
+stack of ``bench/e2e_load.py`` (2 daphne + 2 workers, PostgreSQL + Redis, the tenant without
+limits or rates), the peer the official SDK server (``bench/peers/sdk_server.py``); both run the
+tasks they accept while the clients create more. Levels and targets interleave: for each level,
+the service then the peer. Prints creations/s and p50/p99 per level and target, and the ratios.
+
+Usage (PostgreSQL + Redis as in CI)::
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/0 \\
+        .venv/bin/python bench/create_load.py [--levels 1,10,50] [--seconds 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import httpx  # noqa: E402
+
+from bench.e2e_load import _pct, _post, _session, _start_service  # noqa: E402
+from tests.support.servers import free_port  # noqa: E402
+
+
+async def _level(urls: list[str], token: str, clients: int, seconds: float) -> tuple[int, list[float], int]:
+    """``clients`` closed-loop creators for ``seconds``: (creations, latencies in ms, failures)."""
+    limits = httpx.Limits(max_connections=clients * 2, max_keepalive_connections=clients * 2)
+    latencies: list[float] = []
+    failures = 0
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        sessions = [(urls[i % len(urls)], await _session(client, urls[i % len(urls)], token)) for i in range(clients)]
+        stop_at = time.monotonic() + seconds
+
+        async def creator(url: str, headers: dict[str, str]) -> None:
+            nonlocal failures
+            rid = 0
+            while time.monotonic() < stop_at:
+                rid += 1
+                t0 = time.monotonic()
+                try:
+                    reply = await _post(client, url, headers, {
+                        "jsonrpc": "2.0", "id": rid, "method": "tools/call",
+                        "params": {"name": "demo_sleep", "arguments": {"ms": 50}, "task": {"ttl": 600_000}}})
+                    if "result" not in reply:
+                        raise RuntimeError(str(reply.get("error")))
+                    latencies.append((time.monotonic() - t0) * 1000)
+                except Exception:  # counted: a server may refuse under load
+                    failures += 1
+
+        await asyncio.gather(*[creator(*s) for s in sessions])
+    return len(latencies), latencies, failures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--levels", default="1,10,50")
+    parser.add_argument("--seconds", type=float, default=15)
+    parser.add_argument("--concurrency", type=int, default=8)
+    args = parser.parse_args()
+    if not os.environ.get("DATABASE_URL", "").startswith("postgres") or not os.environ.get("REDIS_URL"):
+        sys.exit("set DATABASE_URL (PostgreSQL) and REDIS_URL")
+    stack, token, urls, _pids = _start_service(REPO, args.concurrency)
+    port = free_port()
+    peer = subprocess.Popen([sys.executable, str(REPO / "bench/peers/sdk_server.py"), str(port)], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    peer_url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        for _ in range(150):
+            try:
+                httpx.get(peer_url, timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        print(f"creation load: closed loop, {args.seconds:.0f} s per level and target, demo_sleep 50 ms tasks; "
+              f"service: 2 daphne + 2 workers x {args.concurrency}; peer: mcp SDK, 1 uvicorn; {os.cpu_count()} CPUs",
+              flush=True)
+        for level in (int(x) for x in args.levels.split(",")):
+            got = {}
+            for name, target, tok in (("service", urls, token), ("peer", [peer_url], "")):
+                n, lat, failed = asyncio.run(_level(target, tok, level, args.seconds))
+                got[name] = (n / args.seconds, statistics.median(lat) if lat else float("nan"), _pct(lat, 0.99))
+                load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+                print(f"  {level:3d} clients  {name:<8} {got[name][0]:7.1f} creations/s | p50 {got[name][1]:6.1f} ms | "
+                      f"p99 {got[name][2]:6.1f} ms | {failed} failures | load {load}", flush=True)
+            s, p = got["service"], got["peer"]
+            print(f"  {level:3d} clients  service/peer: throughput {s[0] / p[0]:.2f}x, p50 {s[1] / p[1]:.2f}x, "
+                  f"p99 {s[2] / p[2]:.2f}x", flush=True)
+    finally:
+        peer.kill()
+        peer.wait(10)
+        stack.teardown()
+
+
+if __name__ == "__main__":
+    main()
