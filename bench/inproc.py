@@ -128,15 +128,24 @@ async def _prepare(app: Any, headers: list[tuple[bytes, bytes]]) -> tuple[list[t
     return session, json.loads(body)["result"]["task"]["taskId"]
 
 
-async def _run(app: Any, path: str, body: bytes, headers: list[tuple[bytes, bytes]], n: int, conc: int) -> float:
-    """Microseconds of this process's CPU time per request with ``conc`` clients at once."""
+async def _run(app: Any, path: str, body: bytes, headers: list[tuple[bytes, bytes]], n: int, conc: int,
+               *, fresh_ids: bool = False) -> float:
+    """Microseconds of this process's CPU time per request with ``conc`` clients at once.
+
+    ``fresh_ids``: give every request its own JSON-RPC id (a creation that repeats an id in
+    its session is an idempotent retry, answered with the first task, not a new creation).
+    """
     remaining = n
+    template = json.loads(body) if fresh_ids else None
 
     async def client() -> None:
         nonlocal remaining
         while remaining > 0:
             remaining -= 1
-            status, _, out = await call(app, path, body, headers)
+            payload = body
+            if template is not None:
+                payload = json.dumps({**template, "id": f"c{remaining}-{secrets.token_hex(4)}"}).encode()
+            status, _, out = await call(app, path, payload, headers)
             assert status == 200, out
 
     start = time.process_time()
@@ -171,7 +180,7 @@ async def main() -> None:
             "name": "demo_sleep", "arguments": {"ms": 1}, "task": {"ttl": 60_000}}}).encode()
         for conc in (1, CONCURRENCY):
             wall = time.perf_counter()
-            m = await _run(application, "/mcp", create, session, n // 3, conc)
+            m = await _run(application, "/mcp", create, session, n // 3, conc, fresh_ids=True)
             wall = (time.perf_counter() - wall) / (n // 3) * 1e6
             print(f"tools/call with task, {conc} at once: {m:.0f} us CPU/request, {wall:.0f} us wall/request",
                   flush=True)

@@ -29,17 +29,20 @@ class Task(models.Model):
         REQUEST = "request", "plain request"
 
     seq = models.BigAutoField(primary_key=True)
-    task_id = models.CharField(max_length=64, unique=True, default=new_task_id, editable=False)
+    # Unique by a constraint, not ``unique=True``: that would add a second (LIKE) index every
+    # insert and every non-HOT update pays for, and task ids are only ever compared whole.
+    task_id = models.CharField(max_length=64, default=new_task_id, editable=False)
     kind = models.CharField(max_length=8, choices=Kind.choices, default=Kind.TASK)
-    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="tasks")
+    # No index of its own: task_list_idx starts with it.
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="tasks", db_index=False)
     principal = models.ForeignKey("tenants.Principal", on_delete=models.CASCADE, related_name="tasks")
-    session_id = models.CharField(max_length=64, db_index=True)
+    session_id = models.CharField(max_length=64)
     status = models.CharField(max_length=16, choices=TaskStatus.choices, default=TaskStatus.WORKING)
     # null: no message (statusMessage is omitted on the wire), distinct from an empty one.
     status_message = models.TextField(null=True, blank=True)  # noqa: DJ001
     # The original request.
     method = models.CharField(max_length=64, default="tools/call")
-    tool_name = models.CharField(max_length=128, db_index=True)
+    tool_name = models.CharField(max_length=128)
     params = models.JSONField(default=dict)
     request_id = models.JSONField(null=True)
     progress_token = models.JSONField(null=True)
@@ -61,7 +64,7 @@ class Task(models.Model):
     attempt = models.IntegerField(default=0)
     max_attempts = models.IntegerField(default=1)
     worker_id = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001 - null: unclaimed
-    lease_expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)  # task_claim_idx covers it
     run_after = models.DateTimeField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -78,12 +81,17 @@ class Task(models.Model):
     objects = TaskQuerySet.as_manager()
 
     class Meta:
+        # Every index costs each insert and each claim and finish (status changes, so those
+        # updates are never HOT): plain b-trees only where a query needs one (issue 27).
         indexes = [
             models.Index(fields=["status", "lease_expires_at"], name="task_claim_idx"),
             models.Index(fields=["tenant", "principal", "kind", "seq"], name="task_list_idx"),
+            models.Index(fields=["session_id"], name="task_session_idx"),
+            models.Index(fields=["tool_name"], name="task_tool_idx"),
         ]
         permissions = [("cancel_task", "Can cancel a task (as tasks/cancel does, audited)")]
         constraints = [
+            models.UniqueConstraint(fields=["task_id"], name="task_task_id_uniq"),
             models.UniqueConstraint(
                 fields=["tenant", "principal", "idempotency_key"], name="task_idempotency_uniq",
                 condition=models.Q(idempotency_key__isnull=False),
