@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,8 +28,7 @@ sys.path.insert(0, str(REPO))
 
 import httpx  # noqa: E402
 
-from bench.e2e_load import _pct, _post, _session, _start_service  # noqa: E402
-from tests.support.servers import free_port  # noqa: E402
+from bench.e2e_load import _pct, _post, _session, _start_service, start_peer  # noqa: E402
 
 
 async def _level(urls: list[str], token: str, clients: int, seconds: float) -> tuple[int, list[float], int]:
@@ -71,17 +69,8 @@ def main() -> None:
     if not os.environ.get("DATABASE_URL", "").startswith("postgres") or not os.environ.get("REDIS_URL"):
         sys.exit("set DATABASE_URL (PostgreSQL) and REDIS_URL")
     stack, token, urls, _pids = _start_service(REPO, args.concurrency)
-    port = free_port()
-    peer = subprocess.Popen([sys.executable, str(REPO / "bench/peers/sdk_server.py"), str(port)], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    peer_url = f"http://127.0.0.1:{port}/mcp"
+    peer, peer_url = start_peer()
     try:
-        for _ in range(150):
-            try:
-                httpx.get(peer_url, timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.2)
         print(f"creation load: closed loop, {args.seconds:.0f} s per level and target, demo_sleep 50 ms tasks; "
               f"service: 2 daphne + 2 workers x {args.concurrency}; peer: mcp SDK, 1 uvicorn; {os.cpu_count()} CPUs",
               flush=True)

@@ -289,6 +289,21 @@ def _start_service(repo: Path, concurrency: int) -> tuple[Any, str, list[str], l
     return stack, token, [w.url for w in webs], [p.popen.pid for p in webs + workers]
 
 
+def start_peer() -> tuple[subprocess.Popen[bytes], str]:
+    """Start the SDK peer (``bench/peers/sdk_server.py``) and wait until it answers: (process, URL)."""
+    port = free_port()
+    peer = subprocess.Popen([sys.executable, str(REPO / "bench/peers/sdk_server.py"), str(port)], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/mcp"
+    for _ in range(150):
+        try:
+            httpx.get(url, timeout=1)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    return peer, url
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
@@ -310,16 +325,7 @@ def main() -> None:
             if args.base is not None:
                 stacks["base"] = _start_service(args.base.resolve(), args.concurrency)
             stacks["service"] = _start_service(REPO, args.concurrency)
-        port = free_port()
-        peer = subprocess.Popen([sys.executable, str(REPO / "bench/peers/sdk_server.py"), str(port)], cwd=REPO,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        peer_url = f"http://127.0.0.1:{port}/mcp"
-        for _ in range(150):
-            try:
-                httpx.get(peer_url, timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        peer, peer_url = start_peer()
         print(f"e2e load: {args.procs} client processes, {args.callers} callers, demo_sleep 50 ms, tasks/get every "
               f"100 ms; service: 2 daphne + 2 workers x {args.concurrency}; peer: mcp SDK, 1 uvicorn; "
               f"{args.rounds} x {args.seconds:.0f} s rounds; {os.cpu_count()} CPUs"
