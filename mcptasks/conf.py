@@ -75,13 +75,16 @@ class AppSettings:
     )
     WRITE_THREADS: int = setting(
         4,
-        "PostgreSQL: request-path writes (creating a task-augmented task or a session, cancelling) run on this "
-        "many threads per web process, each with its own connection, instead of queuing on the one thread every "
-        "ORM call from async code shares (`mcptasks/db/write_pool.py`). 0: they share that thread.",
+        "PostgreSQL: request-path writes (creating a session, cancelling, the task creations one statement does "
+        "not settle) run on this many threads per web process, each with its own connection, instead of queuing "
+        "on the one thread every ORM call from async code shares (`mcptasks/db/write_pool.py`); task creations "
+        "run as one statement on a pool of as many async connections per event loop (`mcptasks/db/write_conns.py`, "
+        "with `ASYNC_READS`). 0: writes share that thread, and creations use the ORM.",
     )
     WRITE_QUEUE_TIMEOUT_S: float = setting(
         10.0,
-        "PostgreSQL: a request-path write that waits longer than this for a free write thread fails with 503 "
+        "PostgreSQL: a request-path write that waits longer than this for a free write thread (or connection) "
+        "fails with 503 "
         "(`Retry-After`) instead of hanging behind writes blocked on a lock.",
     )
     DB_POOLER: str = setting(

@@ -104,6 +104,38 @@ def _acquire_one_statement(*, tenant_id: int, principal_id: int, fallback: int |
     return bool(row[0]), row[1], row[2], bool(row[3]), bool(row[4])
 
 
+def one_statement_slot_sql(*, tenant: str, principal: str, fallback: str) -> tuple[str, str]:
+    """CTEs taking a slot inside a larger PostgreSQL statement, and the condition that it may go on.
+
+    For callers that create a task in the same single statement (no transaction held open
+    across a round trip): ``tenant``, ``principal`` and ``fallback`` are the statement's
+    placeholders for the tenant id, principal id and :func:`default_tenant_limit`. The CTEs are
+    ``quota_cfg`` (the tenant's limits, read without a lock), ``quota_t`` and ``quota_p``; the
+    condition holds when the tenant is uncounted (no row locked, nothing written) or when its
+    slot was taken. A tenant with a per-principal limit is never taken here (a principal refused
+    after the tenant's slot was taken would need that slot given back, which one statement
+    cannot do): the condition is false and the caller uses :func:`acquire_task_slot` instead,
+    as it does for every other refusal, which then names the limit.
+    """
+    tenant_table, principal_table = _table(Tenant), _table(Principal)
+    limit = f"COALESCE(max_concurrent_tasks, CAST({fallback} AS INTEGER))"
+    # The per-principal column and the tenant limit are part of the UPDATE's own condition, so
+    # PostgreSQL re-checks them on the newest row version after waiting for the row lock.
+    ctes = (
+        f"quota_cfg AS (SELECT {limit} AS tl, max_concurrent_tasks_per_principal AS pl "  # noqa: S608
+        f"FROM {tenant_table} WHERE id = {tenant}), "
+        f"quota_t AS (UPDATE {tenant_table} SET active_tasks = active_tasks + 1 WHERE id = {tenant} "
+        f"AND max_concurrent_tasks_per_principal IS NULL AND {limit} IS NOT NULL AND active_tasks < {limit} "
+        "RETURNING 1), "
+        f"quota_p AS (UPDATE {principal_table} SET active_tasks = active_tasks + 1 "
+        f"WHERE id = {principal} AND tenant_id = {tenant} AND EXISTS (SELECT 1 FROM quota_t) RETURNING 1)"
+    )
+    # A principal missing from the tenant fails the caller's insert (its foreign key), which
+    # rolls the tenant's slot back with the whole statement.
+    condition = "EXISTS (SELECT 1 FROM quota_cfg WHERE tl IS NULL AND pl IS NULL) OR EXISTS (SELECT 1 FROM quota_t)"
+    return ctes, condition
+
+
 def _acquire_statements(*, tenant_id: int, principal_id: int, fallback: int | None) -> _Took:
     """The same on other databases (SQLite serialises writers), a statement at a time."""
     limits = Tenant.objects.filter(pk=tenant_id).values_list(

@@ -29,6 +29,7 @@ from prometheus_client.registry import Collector
 from mcptasks import conf
 from mcptasks.console import dashboard
 from mcptasks.db import async_sql as fastreads
+from mcptasks.db import write_conns
 from mcptasks.models import LIVE, Task, TaskStatus
 from mcptasks.observability.metrics import REGISTRY, db_connections
 from mcptasks.streams import webhooks
@@ -77,7 +78,8 @@ class DbPoolCollector(Collector):
     """Open PostgreSQL connections of the process per pool, and each pool's bound (from settings).
 
     ``other`` is the thread every ORM call from async code shares (and management commands);
-    ``async_reads`` the async connections of ``mcptasks/db/async_sql.py`` (one per event loop).
+    ``async_reads`` the async connections of ``mcptasks/db/async_sql.py`` (one per event loop),
+    ``async_writes`` the pooled ones of ``mcptasks/db/write_conns.py`` (task creation).
     """
 
     def collect(self) -> Iterator[Any]:
@@ -88,6 +90,7 @@ class DbPoolCollector(Collector):
                 pool = getattr(wrapper, "_mcptasks_pool", "other")
                 counts[pool] = counts.get(pool, 0) + 1
         counts["async_reads"] = sum(1 for c in list(fastreads._conns.values()) if not getattr(c, "closed", True))
+        counts["async_writes"] = write_conns.open_connections()
         opened = GaugeMetricFamily("mcptasks_db_connections_open", "Database connections this process has open",
                                    labels=["pool"])
         for pool, n in sorted(counts.items()):
@@ -97,10 +100,12 @@ class DbPoolCollector(Collector):
         postgres = "postgresql" in dj_settings.DATABASES["default"]["ENGINE"]
         bounds = {"other": 1, "sync_threads": s.SYNC_THREADS,
                   "write_threads": s.WRITE_THREADS if postgres else 0,
-                  "async_reads": 1 if postgres and s.ASYNC_READS else 0}
+                  "async_reads": 1 if postgres and s.ASYNC_READS else 0,
+                  "async_writes": s.WRITE_THREADS if postgres and s.ASYNC_READS else 0}
         maxima = GaugeMetricFamily("mcptasks_db_pool_max_connections",
-                                   "Most database connections each pool may hold (per event loop for async_reads; "
-                                   "a worker adds its concurrency in tool_threads and one lease thread)",
+                                   "Most database connections each pool may hold (per event loop for async_reads "
+                                   "and async_writes; a worker adds its concurrency in tool_threads and one lease "
+                                   "thread)",
                                    labels=["pool"])
         for pool, n in bounds.items():
             maxima.add_metric([pool], n)

@@ -62,7 +62,9 @@ _POSTGRESQL_ENGINES = frozenset(
 )
 
 
-def _conninfo() -> dict[str, Any]:
+def conninfo() -> dict[str, Any]:
+    """psycopg connection parameters of the default database, in autocommit (also for
+    :mod:`mcptasks.db.write_conns`)."""
     db = connections["default"].settings_dict
     params: dict[str, Any] = {"dbname": db["NAME"], "autocommit": True}
     for key, name in (("USER", "user"), ("PASSWORD", "password"), ("HOST", "host"), ("PORT", "port")):
@@ -81,7 +83,7 @@ def _conninfo() -> dict[str, Any]:
     return params
 
 
-def _utc_timestamptz_loader() -> type[Any]:
+def utc_timestamptz_loader() -> type[Any]:
     """A ``timestamptz`` loader giving UTC datetimes whatever the session's ``TimeZone``."""
     import datetime as dt
 
@@ -107,7 +109,7 @@ async def _connection() -> Any:
         conn = _conns.get(loop)
         if conn is None or conn.closed or conn.broken:
             conn = await psycopg.AsyncConnection.connect(**_conninfo(), connect_timeout=5)
-            conn.adapters.register_loader("timestamptz", _utc_timestamptz_loader())
+            conn.adapters.register_loader("timestamptz", utc_timestamptz_loader())
             _conns[loop] = conn
     return conn
 
@@ -154,11 +156,21 @@ async def fetch_one(
     return _build(model, names, row)
 
 
+def mark_failed() -> None:
+    """Send reads (and single-statement writes) through the ORM for ``RETRY_AFTER_S``."""
+    global _failed_until
+    _failed_until = time.monotonic() + RETRY_AFTER_S
+
+
+def _conninfo() -> dict[str, Any]:
+    # Looked up at call time: tests point it elsewhere to make the async path fail.
+    return conninfo()
+
+
 async def _read(sql: str, params: Sequence[Any], *, all_rows: bool | None) -> Any:
     """Run ``sql`` on this loop's connection: every row, the first, or none (``all_rows=None``:
     a write); :class:`Unavailable` (and the ORM for ``RETRY_AFTER_S``) if the database cannot
     be reached this way."""
-    global _failed_until
     try:
         conn = await _connection()
         # A raw cursor takes PostgreSQL's own $n placeholders: psycopg does not parse the
@@ -176,7 +188,7 @@ async def _read(sql: str, params: Sequence[Any], *, all_rows: bool | None) -> An
             return None
         return await (cur.fetchall() if all_rows else cur.fetchone())
     except Exception as exc:
-        _failed_until = time.monotonic() + RETRY_AFTER_S
+        mark_failed()
         logger.warning("async read failed (%s); using the ORM for %.0f s", type(exc).__name__, RETRY_AFTER_S)
         raise Unavailable from exc
 

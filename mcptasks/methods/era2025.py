@@ -176,15 +176,13 @@ async def tools_call(ctx: RequestContext, params: CallToolParams) -> dict[str, A
     raw_arguments = params.arguments or {}
     if as_task:
         assert params.task is not None
-        task = await dbwrites.run(
-            creation.create_task,
+        task = await creation.acreate_task(
             auth=ctx.auth,
             session=session,
             tool=tool,
             arguments=raw_arguments,
             request_id=ctx.request_id,
             progress_token=params.progress_token,
-            kind=Task.Kind.TASK,
             requested_ttl_ms=params.task.ttl,
             # A retry (same key, or same session and request id) gets the first attempt's task.
             idempotency_key=idempotency.from_request(

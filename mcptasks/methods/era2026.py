@@ -20,7 +20,6 @@ from pydantic import Field
 
 from mcptasks import conf
 from mcptasks.audit import watch
-from mcptasks.db import write_pool as dbwrites
 from mcptasks.methods import era2025 as legacy
 from mcptasks.methods import era2026_rounds as rounds
 from mcptasks.methods import inputs, pagination
@@ -150,10 +149,9 @@ async def tools_call(ctx: EraContext, params: CallToolParams) -> dict[str, Any] 
         return era2026.complete({"content": [{"type": "text", "text": str(exc)}], "isError": True})
     session = await sync_to_async(tasks.open_request_session)(auth=ctx.auth, meta=ctx.meta)
     if as_task:
-        task = await dbwrites.run(
-            creation.create_task,
+        task = await creation.acreate_task(
             auth=ctx.auth, session=session, tool=tool, arguments=params.arguments or {},
-            request_id=ctx.request_id, progress_token=None, kind=Task.Kind.TASK,
+            request_id=ctx.request_id, progress_token=None,
             # Requests carry no session here: only a client's key makes a retry idempotent.
             idempotency_key=idempotency.from_request(meta=params.meta, session_id=None, request_id=None),
         )

@@ -1,0 +1,129 @@
+"""Single-statement writes from async code, on a small pool of async connections.
+
+A task creation made through the ORM is a transaction of several round trips (BEGIN, the task,
+its audit event, the quota slot, COMMIT) on a write thread (:mod:`mcptasks.db.write_pool`):
+each creation pays a thread hop, a connection health check and the ORM's compilation, and a
+limited tenant's row stays locked across the round trips to Python until the COMMIT. Written as
+one statement (data-modifying CTEs), a creation is one round trip in autocommit: its locks last
+only as long as the statement runs on the server.
+
+The statements run on a :class:`psycopg_pool.AsyncConnectionPool` per event loop of at most
+``WRITE_THREADS`` connections, so a statement waiting on a lock (up to ``DB_LOCK_TIMEOUT_MS``)
+never holds up the other tenants' writes behind it on one connection; a write that waits longer
+than ``WRITE_QUEUE_TIMEOUT_S`` for a connection fails with :class:`WriteQueueTimeout` (503)
+before it starts. Directly against PostgreSQL the connections carry the timeouts as startup
+options; behind a transaction pooler the statement runs in a pipelined transaction that sets
+them first (one round trip still), and nothing is prepared.
+
+Used only where :func:`available` (PostgreSQL, ``ASYNC_READS`` on, ``WRITE_THREADS`` > 0 and the
+async path not failing); callers fall back to the ORM otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import OperationalError
+
+from mcptasks import conf
+from mcptasks.db import async_sql, config
+from mcptasks.db.write_pool import WriteQueueTimeout
+
+logger = logging.getLogger(__name__)
+
+_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
+
+
+class Refused(Exception):
+    """The database refused the statement (a constraint): nothing was written."""
+
+
+def available() -> bool:
+    """Whether single-statement writes may be made now (else the caller uses the ORM)."""
+    return conf.get().WRITE_THREADS > 0 and async_sql.available()
+
+
+async def _configure(conn: Any) -> None:
+    conn.adapters.register_loader("timestamptz", async_sql.utc_timestamptz_loader())
+
+
+async def _pool() -> Any:
+    from psycopg_pool import AsyncConnectionPool
+
+    loop = asyncio.get_running_loop()
+    pool = _pools.get(loop)
+    if pool is None:
+        app = conf.get()
+        pool = AsyncConnectionPool(
+            kwargs={**async_sql.conninfo(), "connect_timeout": 5},
+            min_size=1,
+            max_size=max(1, app.WRITE_THREADS),
+            open=False,
+            configure=_configure,
+            timeout=app.WRITE_QUEUE_TIMEOUT_S,
+            name="mcptasks-writes",
+        )
+        _pools[loop] = pool
+        await pool.open(wait=False)
+    return pool
+
+
+async def execute(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
+    """Run one statement (``$n`` placeholders) as its own transaction; its first row.
+
+    :class:`Refused` when a constraint refuses it (nothing was written);
+    :class:`WriteQueueTimeout` when no connection was free in time (nothing was sent);
+    Django's ``OperationalError`` on a lock or statement timeout (nothing was written);
+    :class:`async_sql.Unavailable` when the connection failed (then the statement may or may
+    not have committed: only an idempotent caller may try again).
+    """
+    import psycopg
+    from psycopg import AsyncRawCursor
+    from psycopg_pool import PoolTimeout
+
+    pool = await _pool()
+    app = conf.get()
+    try:
+        async with pool.connection() as conn:
+            cur = AsyncRawCursor(conn)
+            if app.DB_POOLER == "transaction":
+                # The pooler hands each transaction to any server connection: the timeouts are
+                # set inside this one, and BEGIN, settings, statement and COMMIT go as one flight.
+                async with conn.pipeline(), conn.transaction():
+                    await cur.execute(config.transaction_settings_sql(app))
+                    await cur.execute(sql, list(params), prepare=False)
+                row = await cur.fetchone()
+            else:
+                await cur.execute(sql, list(params), prepare=True)
+                row = await cur.fetchone()
+            return tuple(row) if row is not None else None
+    except PoolTimeout:
+        logger.warning("write dropped: no write connection free for %.1f s", app.WRITE_QUEUE_TIMEOUT_S)
+        raise WriteQueueTimeout("no write connection was free in time") from None
+    except psycopg.errors.IntegrityError as exc:
+        raise Refused(type(exc).__name__) from exc
+    except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as exc:
+        # A lock or statement timeout: the statement was rolled back, the connection is fine.
+        # Answered like the ORM's (503, retry); the ORM would only wait as long again.
+        raise OperationalError(f"the write timed out on the server ({type(exc).__name__})") from exc
+    except psycopg.Error as exc:
+        async_sql.mark_failed()
+        logger.warning("async write failed (%s); using the ORM for %.0f s", type(exc).__name__,
+                       async_sql.RETRY_AFTER_S)
+        raise async_sql.Unavailable from exc
+
+
+def open_connections() -> int:
+    """Connections the pools of this process hold now (``mcptasks_db_connections_open{pool="async_writes"}``)."""
+    return sum(int(pool.get_stats().get("pool_size", 0)) for pool in list(_pools.values()))
+
+
+async def close() -> None:
+    """Close this event loop's pool (tests, shutdown)."""
+    pool = _pools.pop(asyncio.get_running_loop(), None)
+    if pool is not None:
+        await pool.close()

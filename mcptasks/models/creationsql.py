@@ -1,0 +1,92 @@
+"""A task's creation on PostgreSQL as one statement (see :func:`mcptasks.tasks.creation.acreate_task`).
+
+The quota slot (:func:`tenants.quotas.one_statement_slot_sql`), the task row and its
+``task.create`` audit event are data-modifying CTEs of one statement, run in autocommit over
+:mod:`mcptasks.db.write_conns`: either all three are written or none. A limited tenant's row is
+locked only while the server runs the statement, never across a round trip to Python, and a
+tenant without limits locks nothing (issue 27: the ORM's transaction was five round trips plus
+a health check on a write thread).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connections
+from django.db.models import Field
+
+from mcptasks.db import write_conns
+from mcptasks.models.audit import AuditEvent
+from mcptasks.models.tasks import Task
+from tenants import quotas
+
+#: The audit event's columns written at creation (as :func:`mcptasks.audit.trail.append` writes them).
+_AUDIT_FIELDS = ("tenant_id", "principal_id", "chain", "principal_ref", "action", "task_id", "data", "created_at",
+                 "prev_hash", "hash")
+
+_statement: tuple[str, list[Field[Any, Any]], list[Field[Any, Any]]] | None = None
+
+
+def _build() -> tuple[str, list[Field[Any, Any]], list[Field[Any, Any]]]:
+    """The statement, and the task and audit fields whose values it binds (in order)."""
+    global _statement
+    if _statement is None:
+        conn = connections["default"]
+        quote = conn.ops.quote_name
+        task_fields = [f for f in Task._meta.concrete_fields if not f.primary_key]
+        by_name = {f.attname: f for f in AuditEvent._meta.concrete_fields}
+        audit_fields = [by_name[name] for name in _AUDIT_FIELDS]
+        # $1 tenant, $2 principal, $3 the default tenant limit, then the task's values, then the
+        # event's. Each value is cast to its column's type: an INSERT ... SELECT does not infer
+        # parameter types from the target columns.
+        n = 3
+
+        def values(fields: list[Field[Any, Any]]) -> str:
+            nonlocal n
+            out = []
+            for field in fields:
+                n += 1
+                out.append(f"CAST(${n} AS {field.cast_db_type(conn)})")
+            return ", ".join(out)
+
+        ctes, may_insert = quotas.one_statement_slot_sql(tenant="$1", principal="$2", fallback="$3")
+        task_cols = ", ".join(quote(str(f.column)) for f in task_fields)
+        audit_cols = ", ".join(quote(str(f.column)) for f in audit_fields)
+        # Identifiers come from the models' metadata; every value is a bound parameter.
+        sql = (
+            f"WITH {ctes}, "  # noqa: S608
+            f"created AS (INSERT INTO {quote(Task._meta.db_table)} ({task_cols}) "
+            f"SELECT {values(task_fields)} WHERE {may_insert} RETURNING {quote(str(Task._meta.pk.column))}), "
+            f"audited AS (INSERT INTO {quote(AuditEvent._meta.db_table)} ({audit_cols}) "
+            f"SELECT {values(audit_fields)} FROM created) "
+            "SELECT (SELECT * FROM created)"
+        )
+        _statement = (sql, task_fields, audit_fields)
+    return _statement
+
+
+async def insert_task(*, task: Task, audit_data: dict[str, Any], fallback_limit: int | None) -> bool:
+    """Insert ``task`` (unsaved) with its slot and audit event; whether it was created.
+
+    False when the statement made no decision it may make alone: the tenant is unknown, full,
+    or has a per-principal limit (nothing was written; the caller asks the ORM path, which
+    decides and names the limit). On True, ``task`` is the saved row. Raises what
+    :func:`mcptasks.db.write_conns.execute` raises.
+    """
+    sql, task_fields, audit_fields = _build()
+    conn = connections["default"]
+    event = AuditEvent(
+        tenant_id=task.tenant_id, principal_id=task.principal_id, chain=task.tenant_id or 0,
+        principal_ref=task.principal_id, action="task.create", task_id=task.task_id, data=audit_data,
+        created_at=task.created_at,
+    )
+    params: list[Any] = [task.tenant_id, task.principal_id, fallback_limit]
+    params += [f.get_db_prep_save(getattr(task, f.attname), conn) for f in task_fields]
+    params += [f.get_db_prep_save(getattr(event, f.attname), conn) for f in audit_fields]
+    row = await write_conns.execute(sql, params)
+    if row is None or row[0] is None:
+        return False
+    task.pk = row[0]
+    task._state.adding = False
+    task._state.db = "default"
+    return True

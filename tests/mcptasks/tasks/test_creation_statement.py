@@ -1,0 +1,265 @@
+"""A task created from async code on PostgreSQL: one statement, the same rows as the ORM path.
+
+:func:`mcptasks.tasks.creation.acreate_task` writes the task, its audit event and its quota slot
+in one statement (``mcptasks/models/creationsql.py``); whatever that statement cannot decide
+alone goes to :func:`mcptasks.tasks.creation.create_task`. These tests hold it to the ORM path's
+guarantees: the same row, exact quotas under races, no lock for a tenant without limits,
+idempotent retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from django.db import connections, transaction
+
+from mcptasks.db import async_sql, write_conns
+from mcptasks.db import write_pool as dbwrites
+from mcptasks.models import AuditEvent, Task
+from mcptasks.tasks import creation
+from tenants.exceptions import QuotaExceeded
+from tenants.models import Principal, Tenant
+from tenants.selectors import clear_limits_cache, effective_limits
+from tests.support.factories import demo_tool, make_auth, make_session
+from tests.support.requirements import require_postgres
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(autouse=True)
+def _postgres(settings: Any) -> None:
+    require_postgres()
+    async_sql._failed_until = 0.0
+    settings.TENANTS = {**settings.TENANTS, "TASK_MAX_CONCURRENT": 0}
+    clear_limits_cache()
+
+
+def _run(body: Callable[[], Awaitable[Any]]) -> Any:
+    """``body()`` on a fresh event loop, its write pool and read connection closed after."""
+
+    async def main() -> Any:
+        try:
+            return await body()
+        finally:
+            await write_conns.close()
+            await async_sql.close()
+
+    return asyncio.run(main())
+
+
+class _OrmCalls:
+    """Counts the creations that went to the ORM path (a write thread)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        real = dbwrites.run
+
+        async def counted(fn: Any, /, **kwargs: Any) -> Any:
+            self.calls += 1
+            return await real(fn, **kwargs)
+
+        monkeypatch.setattr(dbwrites, "run", counted)
+
+
+def _create(auth: Any, session: Any, n: int | str, **extra: Any) -> Awaitable[Task]:
+    return creation.acreate_task(auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1},
+                                 request_id=n, progress_token=None, **extra)
+
+
+_COMPARED = [f.attname for f in Task._meta.concrete_fields
+             if f.attname not in {"seq", "task_id", "created_at", "last_updated_at", "expires_at", "request_id",
+                                  "idempotency_key"}]
+
+
+def test_one_statement_writes_what_the_orm_path_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    auth = make_auth()
+    session = make_session(auth)
+    effective_limits(tenant_id=auth.tenant_id)  # the tenant's limits cached, as after its first request
+    orm = _OrmCalls(monkeypatch)
+    fast = _run(lambda: _create(auth, session, 1, requested_ttl_ms=60_000, idempotency_key="k1"))
+    assert orm.calls == 0, "the one-statement path should have been taken"
+    slow = creation.create_task(auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1}, request_id=2,
+                                progress_token=None, requested_ttl_ms=60_000, idempotency_key="k2")
+    stored, expected = Task.objects.get(pk=fast.pk), Task.objects.get(pk=slow.pk)
+    assert stored.task_id == fast.task_id and stored.wire() == fast.wire()
+    assert {a: getattr(stored, a) for a in _COMPARED} == {a: getattr(expected, a) for a in _COMPARED}
+    assert stored.expires_at - stored.created_at == expected.expires_at - expected.created_at
+    assert stored.request_id == 1 and stored.idempotency_key == "k1"
+    event = AuditEvent.objects.get(task_id=fast.task_id)
+    twin = AuditEvent.objects.get(task_id=slow.task_id)
+    assert (event.action, event.data, event.chain, event.principal_ref, event.tenant_id) == (
+        twin.action, twin.data, twin.chain, twin.principal_ref, twin.tenant_id)
+
+
+def test_a_retried_key_returns_the_first_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    auth = make_auth()
+    session = make_session(auth)
+    effective_limits(tenant_id=auth.tenant_id)
+
+    async def twice() -> tuple[Task, Task]:
+        return await _create(auth, session, 1, idempotency_key="same"), await _create(auth, session, 1,
+                                                                                      idempotency_key="same")
+
+    first, second = _run(twice)
+    assert first.task_id == second.task_id
+    assert Task.objects.filter(tenant_id=auth.tenant_id).count() == 1
+    assert AuditEvent.objects.filter(task_id=first.task_id, action="task.create").count() == 1
+
+
+def _race(auths: list[Any], *, total: int = 200) -> tuple[int, list[dict[str, Any]], int]:
+    """``total`` creations at once on one event loop (over the write pool); (created, refusals, ORM calls)."""
+    sessions = [make_session(a) for a in auths]
+    for a in auths:
+        effective_limits(tenant_id=a.tenant_id)
+    refused: list[dict[str, Any]] = []
+
+    async def one(i: int) -> int:
+        try:
+            await _create(auths[i % len(auths)], sessions[i % len(auths)], i, idempotency_key=f"race-{i}")
+            return 1
+        except QuotaExceeded as exc:
+            refused.append(exc.data)
+            return 0
+
+    async def race() -> int:
+        return sum(await asyncio.gather(*(one(i) for i in range(total))))
+
+    calls = {"n": 0}
+    real = dbwrites.run
+
+    async def counted(fn: Any, /, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        return await real(fn, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dbwrites, "run", counted)
+        created = _run(race)
+    connections.close_all()
+    return created, refused, calls["n"]
+
+
+def _live(tenant_id: int, principal_id: int | None = None) -> int:
+    rows = Task.objects.filter(tenant_id=tenant_id).exclude(status__in=["completed", "failed", "cancelled"])
+    return rows.filter(principal_id=principal_id).count() if principal_id else rows.count()
+
+
+def test_200_creations_at_once_against_a_tenant_limit_of_10() -> None:
+    tenant = Tenant.objects.create(slug="one-stmt-10", max_concurrent_tasks=10)
+    auths = [make_auth(tenant) for _ in range(4)]
+    created, refused, orm_calls = _race(auths)
+    assert created == 10 and len(refused) == 190
+    assert all(r == {"limit": 10, "scope": "tenant"} for r in refused)
+    assert orm_calls == 190  # every refusal is decided (and named) by the ORM path, no creation
+    tenant.refresh_from_db()
+    assert tenant.active_tasks == _live(tenant.pk) == 10
+    for auth in auths:
+        assert Principal.objects.get(pk=auth.principal_id).active_tasks == _live(tenant.pk, auth.principal_id)
+    assert AuditEvent.objects.filter(tenant_id=tenant.pk, action="task.create").count() == 10
+
+
+def test_200_creations_at_once_against_a_principal_limit_of_10() -> None:
+    tenant = Tenant.objects.create(slug="one-stmt-10p", max_concurrent_tasks_per_principal=10)
+    auths = [make_auth(tenant) for _ in range(4)]
+    created, refused, _ = _race(auths)
+    assert created == 40 and len(refused) == 160
+    assert all(r == {"limit": 10, "scope": "principal"} for r in refused)
+    for auth in auths:
+        assert Principal.objects.get(pk=auth.principal_id).active_tasks == _live(tenant.pk, auth.principal_id) == 10
+    tenant.refresh_from_db()
+    assert tenant.active_tasks == _live(tenant.pk) == 40
+
+
+def test_a_tenant_without_limits_is_created_while_its_row_is_locked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another transaction holds the tenant's and principal's rows; 20 creations finish within
+    a 1 s lock timeout, in one statement each, and count nothing."""
+    tenant = Tenant.objects.create(slug="one-stmt-free")
+    auth = make_auth(tenant)
+    session = make_session(auth)
+    effective_limits(tenant_id=tenant.pk)
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).get()
+                Principal.objects.select_for_update(no_key=True).filter(pk=auth.principal_id).get()
+                locked.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    orm = _OrmCalls(monkeypatch)
+    real = async_sql.conninfo
+    monkeypatch.setattr(async_sql, "conninfo", lambda: {**real(), "options": "-c lock_timeout=1000"})
+    try:
+        assert locked.wait(10)
+        tasks = _run(lambda: asyncio.gather(*(_create(auth, session, i) for i in range(20))))
+    finally:
+        release.set()
+        holder.join(30)
+    assert len({t.task_id for t in tasks}) == 20 and orm.calls == 0
+    tenant.refresh_from_db()
+    assert tenant.active_tasks == 0 and _live(tenant.pk) == 20
+
+
+def test_a_broken_connection_fails_an_unkeyed_creation_instead_of_repeating_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The statement may have committed before the connection broke: without a key, making it
+    again through the ORM could create the task twice, so the caller gets a 503-class error."""
+    from django.db import OperationalError
+
+    auth = make_auth()
+    session = make_session(auth)
+    effective_limits(tenant_id=auth.tenant_id)
+
+    async def broken(sql: str, params: Any) -> Any:
+        raise async_sql.Unavailable
+
+    monkeypatch.setattr(write_conns, "execute", broken)
+    with pytest.raises(OperationalError):
+        _run(lambda: _create(auth, session, 1))
+    # With a key the ORM path makes it (a committed first attempt would be returned, not repeated).
+    orm = _OrmCalls(monkeypatch)
+    task = _run(lambda: _create(auth, session, 2, idempotency_key="k"))
+    assert orm.calls == 1 and Task.objects.filter(pk=task.pk).exists()
+
+
+def test_a_tenant_whose_limits_are_not_cached_takes_the_orm_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its ttl bounds are not known without a read: the ORM path reads (and caches) them."""
+    auth = make_auth()
+    session = make_session(auth)
+    clear_limits_cache()
+    orm = _OrmCalls(monkeypatch)
+    task = _run(lambda: _create(auth, session, 1))
+    assert orm.calls == 1 and Task.objects.filter(pk=task.pk).exists()
+
+
+def test_the_write_pool_is_reported_in_metrics(settings: Any) -> None:
+    """``mcptasks_db_connections_open{pool="async_writes"}`` counts the pool's connections, and
+    its bound is ``WRITE_THREADS``."""
+    from asgiref.sync import sync_to_async
+    from django.test import Client
+
+    settings.DEBUG = True  # loopback scrapes without a token
+    settings.MCPTASKS = {**settings.MCPTASKS, "METRICS_TOKEN": "", "WRITE_THREADS": 3}
+    auth = make_auth()
+    session = make_session(auth)
+    effective_limits(tenant_id=auth.tenant_id)
+
+    async def create_and_scrape() -> str:
+        await _create(auth, session, 1)
+        assert write_conns.open_connections() >= 1
+        response = await sync_to_async(Client(REMOTE_ADDR="127.0.0.1").get)("/metrics")
+        return str(response.content.decode())
+
+    text = _run(create_and_scrape)
+    assert 'mcptasks_db_pool_max_connections{pool="async_writes"} 3.0' in text
+    assert 'mcptasks_db_connections_open{pool="async_writes"} 0.0' not in text
+    assert write_conns.open_connections() == 0
