@@ -260,12 +260,18 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
         self._task_group(task.task_id, join=True)
 
         def done(_f: asyncio.Future[Any]) -> None:
+            capped = len(self.running) >= self.concurrency * WAITING_FACTOR
             entry = self.running.get(task.task_id)
             if entry is not None and entry[0] is atask:
                 self.running.pop(task.task_id, None)
             if not self.stopping and not backend.finishing:
                 self._task_group(task.task_id, join=False)  # (a returned tool's run left already)
-            self.wake.set()
+            # A returned run gave its slot back (and woke the loop) when its tool returned: its end
+            # frees nothing more unless the cap on all runs was the limit, or nothing runs any
+            # more (a burst or max-tasks worker then checks whether it is done). A second claim
+            # per task would mostly find an empty queue.
+            if not backend.finishing or capped or not self.running:
+                self.wake.set()
 
         atask.add_done_callback(done)
 

@@ -435,3 +435,46 @@ async def test_a_run_whose_tool_returned_frees_its_slot_before_its_outcome_is_wr
     assert w._free_slots() == 1 and w._busy_by_tenant() == {}
     written.set()
     await asyncio.wait_for(run, timeout=5)
+
+
+async def test_a_returned_run_wakes_the_claim_loop_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run whose tool returned wakes the loop when its slot frees (the tool returned), not
+    again when its outcome is written: with an empty queue that second claim found nothing, one
+    wasted claim statement per task. Only the last run's end wakes it again (a burst worker then
+    sees it is done)."""
+    w = Worker(concurrency=2, worker_id="w-wakes", registry_=reg, run_cleanup=False)
+    gate = asyncio.Event()
+    wakes: list[str] = []
+
+    class Counting(asyncio.Event):
+        def set(self) -> None:
+            wakes.append("wake")
+            super().set()
+
+    async def tool(task: Task, backend: Any) -> Outcome:
+        if task.task_id == "t-long":
+            await gate.wait()
+        return Outcome(pk=1, attempt=1, status="completed", result={"content": []})
+
+    async def finish(task: Task, outcome: Outcome) -> None:
+        await asyncio.sleep(0)
+
+    w.wake = Counting()
+    monkeypatch.setattr(w, "_run", tool)
+    monkeypatch.setattr(w, "_finish", finish)
+    monkeypatch.setattr(w, "_task_group", lambda task_id, join: None)
+    w._start(Task(task_id="t-long", tool_name="u_once", attempt=1, tenant_id=7))
+    w._start(Task(task_id="t-short", tool_name="u_once", attempt=1, tenant_id=7))
+    for _ in range(100):
+        if "t-short" not in w.running:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    assert "t-short" not in w.running and "t-long" in w.running
+    assert wakes == ["wake"], "the short run should wake the loop once, when its tool returned"
+    gate.set()
+    for _ in range(100):
+        if not w.running:
+            break
+        await asyncio.sleep(0.01)
+    assert wakes == ["wake"] * 3  # the long run: its tool returned, then the last run ended
