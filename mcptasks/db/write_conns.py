@@ -36,6 +36,8 @@ from mcptasks.db.write_pool import WriteQueueTimeout
 logger = logging.getLogger(__name__)
 
 _pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
+#: The connections each pool opened (a pool refers to its loop, so neither is ever collected).
+_opened: dict[int, weakref.WeakSet[Any]] = {}
 
 
 class Refused(Exception):
@@ -47,29 +49,44 @@ def available() -> bool:
     return conf.get().WRITE_THREADS > 0 and async_sql.available()
 
 
-async def _configure(conn: Any) -> None:
-    conn.adapters.register_loader("timestamptz", async_sql.utc_timestamptz_loader())
-
-
 async def _pool() -> Any:
     from psycopg_pool import AsyncConnectionPool
 
     loop = asyncio.get_running_loop()
     pool = _pools.get(loop)
     if pool is None:
+        _drop_pools_of_closed_loops()
         app = conf.get()
+        opened: weakref.WeakSet[Any] = weakref.WeakSet()
+
+        async def configure(conn: Any) -> None:
+            conn.adapters.register_loader("timestamptz", async_sql.utc_timestamptz_loader())
+            opened.add(conn)
+
         pool = AsyncConnectionPool(
             kwargs={**async_sql.conninfo(), "connect_timeout": 5},
             min_size=1,
             max_size=max(1, app.WRITE_THREADS),
             open=False,
-            configure=_configure,
+            configure=configure,
             timeout=app.WRITE_QUEUE_TIMEOUT_S,
             name="mcptasks-writes",
         )
         _pools[loop] = pool
+        _opened[id(pool)] = opened
         await pool.open(wait=False)
     return pool
+
+
+def _drop_pools_of_closed_loops() -> None:
+    """Close the connections of pools whose event loop has closed (a server has one loop for
+    its life; tests and ``async_to_sync`` make many). Nothing can await on a closed loop, so the
+    sockets are closed directly."""
+    for loop, pool in list(_pools.items()):
+        if loop.is_closed():
+            for conn in list(_opened.pop(id(pool), ())):
+                conn.pgconn.finish()
+            _pools.pop(loop, None)
 
 
 async def execute(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
@@ -119,6 +136,7 @@ async def execute(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
 
 def open_connections() -> int:
     """Connections the pools of this process hold now (``mcptasks_db_connections_open{pool="async_writes"}``)."""
+    _drop_pools_of_closed_loops()
     return sum(int(pool.get_stats().get("pool_size", 0)) for pool in list(_pools.values()))
 
 
@@ -126,4 +144,5 @@ async def close() -> None:
     """Close this event loop's pool (tests, shutdown)."""
     pool = _pools.pop(asyncio.get_running_loop(), None)
     if pool is not None:
+        _opened.pop(id(pool), None)
         await pool.close()

@@ -20,7 +20,7 @@ import logging
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from channels_redis.core import RedisChannelLayer as _BaseRedisChannelLayer
@@ -190,6 +190,31 @@ class RedisChannelLayer(_BaseRedisChannelLayer):
         """Live channels and the receive buffers held for them (``/metrics``)."""
         return {"live_channels": len(self.live_channels), "buffers": len(self.receive_buffer),
                 "buffered_messages": sum(q.qsize() for q in list(self.receive_buffer.values()))}
+
+    async def groups_with_members(self, groups: Iterable[str]) -> set[str]:
+        """Those of ``groups`` that have a member now: one round trip per Redis host.
+
+        channels-redis's ``group_send`` costs two round trips to find a group empty; a worker's
+        batch of finishes sends to two groups per task (the stream push and the task signal)
+        that nobody is in unless a client listens. Expired members are dropped as ``group_send``
+        drops them. A member that joins right after this check misses the message, exactly as
+        one joining right after ``group_send`` read the group would.
+        """
+        by_host: dict[int, list[str]] = {}
+        for group in dict.fromkeys(groups):
+            self.require_valid_group_name(group)  # raises TypeError for a bad name
+            by_host.setdefault(self.consistent_hash(group), []).append(group)
+        found: set[str] = set()
+        oldest = int(time.time()) - self.group_expiry
+        for index, names in by_host.items():
+            pipe = self.connection(index).pipeline(transaction=False)
+            for group in names:
+                key = self._group_key(group)
+                pipe.zremrangebyscore(key, min=0, max=oldest)
+                pipe.zcard(key)
+            counts = (await pipe.execute())[1::2]
+            found.update(group for group, n in zip(names, counts, strict=True) if n)
+        return found
 
     def create_pool(self, index: int) -> Any:
         """A blocking pool for host ``index`` (the host dict carries socket options).

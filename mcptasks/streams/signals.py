@@ -43,6 +43,15 @@ def task_group(task_id: str) -> str:
     return f"mcpt.task.{hashed(task_id)}"
 
 
+def worker_group(worker_id: str) -> str:
+    """Group of one worker: the signals of the runs it holds (cancel, answer) reach it here.
+
+    A worker joins it once, instead of joining and leaving a group per run (three Redis round
+    trips per task); whoever signals a run names the worker the task's row says holds it.
+    """
+    return f"mcpt.worker.{hashed(worker_id)}"
+
+
 def session_group(session_id: str) -> str:
     """Group of every open stream of a session (closed on DELETE)."""
     return f"mcpt.session.{hashed(session_id)}"
@@ -133,7 +142,13 @@ def send_many(pushes: list[tuple[str, dict[str, Any]]], signals: list[tuple[str,
         return
 
     async def send_all() -> None:
+        nonlocal pushes, signals
         gate = asyncio.Semaphore(BATCH_SEND_CONCURRENCY)
+        live = await _groups_with_members([g for g, _m in (*pushes, *signals)])
+        if live is not None:
+            # Usually nobody listens (clients poll): one round trip instead of two per empty group.
+            pushes = [(g, m) for g, m in pushes if g in live]
+            signals = [(g, m) for g, m in signals if g in live]
 
         async def one(group: str, message: dict[str, Any]) -> None:
             async with gate:
@@ -150,15 +165,39 @@ def send_many(pushes: list[tuple[str, dict[str, Any]]], signals: list[tuple[str,
         logger.warning("channel layer batch send (%d messages) failed", len(pushes) + len(signals), exc_info=True)
 
 
+async def _groups_with_members(groups: list[str]) -> set[str] | None:
+    """Which of ``groups`` have members (None: unknown, send to all), bounded like a send."""
+    layer = get_channel_layer()
+    check = getattr(layer, "groups_with_members", None)
+    if check is None or len(groups) < 2 or not layers.send_breaker.allow():
+        return None
+    try:
+        found: set[str] = await asyncio.wait_for(check(groups), timeout=conf.get().LAYER_SEND_TIMEOUT_S)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        layers.report_failure(exc, open_s=kv_conf.get().REDIS_BREAKER_S)
+        return None
+    return found
+
+
 def task_signal(task_id: str, event: str, **extra: Any) -> tuple[str, dict[str, Any]]:
     """The (group, message) that :func:`signal_task` sends, for the ``signals`` of
     :func:`mcptasks.streams.events.publish_many`."""
     return task_group(task_id), {"type": "task.signal", "task_id": task_id, "event": event, **extra}
 
 
-def signal_task(task_id: str, event: str, **extra: Any) -> None:
-    """Wake whoever waits on a task (``event``: changed, message, answer, cancel)."""
-    send(*task_signal(task_id, event, **extra))
+def signal_task(task_id: str, event: str, *, worker_id: str | None = None, **extra: Any) -> None:
+    """Wake whoever waits on a task (``event``: changed, message, answer, cancel), and the
+    worker running it when ``worker_id`` names one (the task row's ``worker_id``).
+
+    A run is stopped or resumed without the signal too (its lease renewal reads the cancel
+    flag, a request waiting for its answer polls): a stale ``worker_id`` only costs latency.
+    """
+    group, message = task_signal(task_id, event, **extra)
+    send(group, message)
+    if worker_id:
+        send(worker_group(worker_id), message)
 
 
 def wake_workers() -> None:

@@ -122,7 +122,8 @@ def _delete_batch(flt: Q, batch: int, *, release: bool) -> int:
         qs = Task.objects.filter(flt).order_by("seq")
         if connection.vendor == "postgresql":
             qs = qs.select_for_update(skip_locked=True)
-        rows = list(qs.values_list("seq", "status", "tenant_id", "principal_id", "task_id", "kind")[:batch])
+        rows = list(qs.values_list("seq", "status", "tenant_id", "principal_id", "task_id", "kind",
+                                   "worker_id")[:batch])
         if not rows:
             return 0
         seqs = [r[0] for r in rows]
@@ -132,13 +133,13 @@ def _delete_batch(flt: Q, batch: int, *, release: bool) -> int:
         audit.append_many(
             audit.event(tenant_id=tenant_id, principal_id=principal_id, action="task.expired", task_id=task_id,
                         data={"status": status})
-            for _seq, status, tenant_id, principal_id, task_id, kind in rows if kind == Task.Kind.TASK
+            for _seq, status, tenant_id, principal_id, task_id, kind, _w in rows if kind == Task.Kind.TASK
         )
         if release:
-            for _seq, status, tenant_id, principal_id, _tid, _kind in rows:
+            for _seq, status, tenant_id, principal_id, _tid, _kind, _w in rows:
                 if status not in (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED):
                     quotas.release_task_slot(tenant_id=tenant_id, principal_id=principal_id)
-    for _seq, status, _t, _p, task_id, _kind in rows:
+    for _seq, status, _t, _p, task_id, _kind, worker_id in rows:
         if status not in (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED):
-            signals.signal_task(task_id, "cancel")
+            signals.signal_task(task_id, "cancel", worker_id=worker_id)
     return int(deleted)

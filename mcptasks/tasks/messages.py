@@ -63,7 +63,7 @@ def answer_task_message(*, auth: AuthContext, rpc_id: str, response: dict[str, A
     task = msg.task
     if task.kind == Task.Kind.TASK and not selectors.pending_input(task_ids=[task.pk]).exists():
         transitions.transition(task=task, to=TaskStatus.WORKING)
-    signals.signal_task(task.task_id, "answer", rpc_id=rpc_id)
+    signals.signal_task(task.task_id, "answer", rpc_id=rpc_id, worker_id=task.worker_id)
     return True
 
 

@@ -176,7 +176,7 @@ def cancel_task(*, auth: AuthContext, task_id: str) -> Task:
         if task.is_terminal:
             raise McpError(INVALID_PARAMS, cannot_cancel_message(task.status))
         raise McpError(INTERNAL_ERROR, "Task changed concurrently; retry")
-    signals.signal_task(task.task_id, "cancel")
+    signals.signal_task(task.task_id, "cancel", worker_id=task.worker_id)
     return task
 
 
@@ -207,7 +207,7 @@ def cancel_request(*, session: McpSession, request_id: str | int) -> bool:
         return False
     ok = transition(task=task, to=TaskStatus.CANCELLED, status_message="Cancelled by the client",
                     extra={"cancel_requested": True})
-    signals.signal_task(task.task_id, "cancel")
+    signals.signal_task(task.task_id, "cancel", worker_id=task.worker_id)
     return ok
 
 

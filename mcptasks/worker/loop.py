@@ -107,7 +107,6 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
         self._layer = get_channel_layer()
         self._last_cleanup = 0.0
         self._last_reap = 0.0
-        self._bg: set[asyncio.Future[Any]] = set()
         #: Outcomes waiting for the batch writer, and the writer while it runs.
         self._outcomes: list[tuple[Task, Outcome, asyncio.Future[bool]]] = []
         self._writer: asyncio.Future[None] | None = None
@@ -257,15 +256,12 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
         backend = WorkerBackend(self, task)
         atask = asyncio.ensure_future(self._execute(task, backend))
         self.running[task.task_id] = (atask, backend, task.attempt)
-        self._task_group(task.task_id, join=True)
 
         def done(_f: asyncio.Future[Any]) -> None:
             capped = len(self.running) >= self.concurrency * WAITING_FACTOR
             entry = self.running.get(task.task_id)
             if entry is not None and entry[0] is atask:
                 self.running.pop(task.task_id, None)
-            if not self.stopping and not backend.finishing:
-                self._task_group(task.task_id, join=False)  # (a returned tool's run left already)
             # A returned run gave its slot back (and woke the loop) when its tool returned: its end
             # frees nothing more unless the cap on all runs was the limit, or nothing runs any
             # more (a burst or max-tasks worker then checks whether it is done). A second claim
@@ -282,9 +278,6 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
             if outcome is not None:
                 backend.finishing = True
                 self.wake.set()  # its slot is free: claim the next task while this one is written
-                # Nothing can stop a returned tool: leave the task's group now, so the run's own
-                # terminal signal is not sent back to this worker (a Redis delivery per task).
-                self._task_group(task.task_id, join=False)
                 try:
                     # The latest progress held back by the rate limit goes out before the outcome.
                     await backend.flush_progress()

@@ -1,5 +1,5 @@
-"""A worker's channel-layer membership: the wake-up group and the groups of its running tasks,
-rejoined after a layer failure, and the receive loop that turns their messages into wake-ups,
+"""A worker's channel-layer membership: the wake-up group and its own group (the signals of its
+runs), rejoined after a layer failure, and the receive loop that turns their messages into wake-ups,
 answers and cancellations."""
 
 from __future__ import annotations
@@ -10,10 +10,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from mcptasks import conf
-from mcptasks.models import LIVE
 from mcptasks.streams import layers, signals
 from mcptasks.streams import membership as group_membership
-from tenants import conf as tenants_conf
 
 logger = logging.getLogger(__name__)
 
@@ -32,18 +30,9 @@ class ChannelMembership:
     _layer: Any
     _loop: asyncio.AbstractEventLoop | None
     _rejoining: asyncio.Future[Any] | None
-    _bg: set[asyncio.Future[Any]]
     _joined_at: float
 
     _check_cancel: Callable[[str], Awaitable[None]]
-
-    def _task_group(self, task_id: str, *, join: bool) -> None:
-        """Join (or leave) a running task's group in the background, so its signals reach us."""
-        if self._layer is None or self.channel is None:
-            return
-        group = signals.task_group(task_id)
-        op = self._layer.group_add if join else self._layer.group_discard
-        self._background(op(group, self.channel))
 
     async def _join_groups(self) -> bool:
         """(Re)join the wake-up group and the groups of our running tasks; False if Redis fails.
@@ -54,8 +43,8 @@ class ChannelMembership:
         layer = self._layer
         if layer is None or self.channel is None:
             return True
-        groups = [signals.WORKERS_GROUP, *(signals.task_group(t) for t, (_a, backend, _n) in list(self.running.items())
-                                           if backend is None or not backend.finishing)]
+        # The signals of our runs come through our own group (signals.worker_group): no group per run.
+        groups = [signals.WORKERS_GROUP, signals.worker_group(self.worker_id)]
         within_s = max(1.0, conf.get().LAYER_SEND_TIMEOUT_S)
         failure = await group_membership.join(layer, self.channel, groups, within_s=within_s)
         if failure is not None:
@@ -126,34 +115,11 @@ class ChannelMembership:
                 if event == "answer":
                     backend.answered.set()
                 elif backend.finishing:
-                    # The tool has returned; the run's own terminal "changed" signal (or a cancel
-                    # racing the outcome) has nothing left to stop. Checking cost a database read
-                    # per finished task and logged every completed task as "cancelled or superseded".
+                    # The tool has returned: a cancel racing the outcome has nothing left to stop
+                    # (checking would log a completed task as "cancelled or superseded").
                     continue
-                elif event == "cancel" or (event == "changed" and msg.get("status") not in LIVE):
-                    # Our own progress/status updates also signal "changed": only a terminal
-                    # status is worth a database read.
+                elif event == "cancel":
                     try:
                         await self._check_cancel(msg["task_id"])
                     except Exception:
                         logger.warning("cancel check failed", exc_info=True)
-
-    def _background(self, coro: Any) -> None:
-        # Keep a reference until done (the loop holds only weak references to tasks).
-        fut = asyncio.ensure_future(self._layer_op(coro))
-        self._bg.add(fut)
-        fut.add_done_callback(self._bg.discard)
-
-    async def _layer_op(self, coro: Any) -> None:
-        """Await a fire-and-forget layer call (a group join or leave) and handle its failure.
-
-        Unawaited, a failing call left "Task exception was never retrieved" on every run start and
-        end while Redis failed over (thousands of lines a minute). A failure opens the layer's
-        breaker (one warning per outage) and makes the worker rejoin its groups once Redis answers.
-        """
-        try:
-            await asyncio.wait_for(coro, timeout=max(1.0, conf.get().LAYER_SEND_TIMEOUT_S))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            layers.report_failure(exc, open_s=tenants_conf.get().REDIS_BREAKER_S)

@@ -275,6 +275,26 @@ def test_cancel_on_daphne_a_stops_tool_started_via_daphne_b_within_one_heartbeat
     assert [e for _a, e, _ in records(mp, key)] == ["start", "stopped"]
 
 
+def test_a_cancel_reaches_the_running_worker_through_its_own_group(
+    mp: Stack, daphne_a: Proc, daphne_b: Proc, procs: list[Proc]
+) -> None:
+    """With a heartbeat of 20 s (the lease renewal that also reads the cancel flag), only the
+    signal can stop the tool within a second: it goes to the group of the worker the task's row
+    names (a worker joins no group per run)."""
+    procs.append(mp.worker(concurrency=4, extra_env={"MCPTASKS_WORKER_HEARTBEAT_S": "20",
+                                                     "MCPTASKS_WORKER_LEASE_S": "60"}))
+    key = "signal-" + secrets.token_hex(3)
+    with new_client(daphne_b) as cb, new_client(daphne_a) as ca:
+        tid = cb.call_task("test_cancellable", {"key": key, "ms": 15000})["taskId"]
+        wait_for("the tool to start", lambda: records(mp, key))
+        sent_at = dt.datetime.now(dt.UTC)
+        assert ca.request("tasks/cancel", {"taskId": tid}).result["status"] == "cancelled"
+        stopped = wait_for("the tool to stop", lambda: [r for r in records(mp, key) if r[1] == "stopped"],
+                           timeout=10)
+        elapsed = (stopped[0][2] - sent_at).total_seconds()
+        assert elapsed < 1.5, f"tool stopped {elapsed:.3f}s after the cancel"
+
+
 def test_sync_tool_late_result_is_discarded(mp: Stack, daphne_a: Proc, procs: list[Proc]) -> None:
     w = mp.worker(concurrency=4)
     procs.append(w)

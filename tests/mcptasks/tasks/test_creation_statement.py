@@ -263,3 +263,21 @@ def test_the_write_pool_is_reported_in_metrics(settings: Any) -> None:
     assert 'mcptasks_db_pool_max_connections{pool="async_writes"} 3.0' in text
     assert 'mcptasks_db_connections_open{pool="async_writes"} 0.0' not in text
     assert write_conns.open_connections() == 0
+
+
+def test_the_pool_of_an_event_loop_that_closed_lets_its_connections_go() -> None:
+    """A server keeps one event loop; ``async_to_sync`` and tests make one per call. A pool
+    refers to its loop, so neither would ever be collected: its connections are closed once
+    the loop has closed (the next pool made, or a metrics scrape, sweeps)."""
+    auth = make_auth()
+    session = make_session(auth)
+    effective_limits(tenant_id=auth.tenant_id)
+
+    async def create_and_leave_open() -> list[Any]:
+        await _create(auth, session, 1)
+        return [c for opened in write_conns._opened.values() for c in opened]
+
+    conns = asyncio.run(create_and_leave_open())  # no write_conns.close(): the loop just ends
+    assert conns and not any(c.closed for c in conns)
+    assert write_conns.open_connections() == 0
+    assert all(c.closed for c in conns)
