@@ -52,12 +52,12 @@ def available() -> bool:
     # async code costs more than the rest of this check.
     return (
         conf.get().ASYNC_READS
-        and settings.DATABASES["default"]["ENGINE"] in _POSTGRESQL_ENGINES
+        and settings.DATABASES["default"]["ENGINE"] in POSTGRESQL_ENGINES
         and time.monotonic() >= _failed_until
     )
 
 
-_POSTGRESQL_ENGINES = frozenset(
+POSTGRESQL_ENGINES = frozenset(
     {"django.db.backends.postgresql", "django.db.backends.postgresql_psycopg2", "mcptasks.db.pooled_postgresql"}
 )
 

@@ -15,7 +15,7 @@ from typing import Any
 from django.db import connections
 from django.db.models import Field
 
-from mcptasks.db import write_conns
+from mcptasks.db import wakeups, write_conns
 from mcptasks.models.audit import AuditEvent
 from mcptasks.models.tasks import Task
 from tenants import quotas
@@ -24,13 +24,16 @@ from tenants import quotas
 _AUDIT_FIELDS = ("tenant_id", "principal_id", "chain", "principal_ref", "action", "task_id", "data", "created_at",
                  "prev_hash", "hash")
 
-_statement: tuple[str, list[Field[Any, Any]], list[Field[Any, Any]]] | None = None
+_statements: dict[bool, tuple[str, list[Field[Any, Any]], list[Field[Any, Any]]]] = {}
 
 
-def _build() -> tuple[str, list[Field[Any, Any]], list[Field[Any, Any]]]:
-    """The statement, and the task and audit fields whose values it binds (in order)."""
-    global _statement
-    if _statement is None:
+def _build(*, notify: bool) -> tuple[str, list[Field[Any, Any]], list[Field[Any, Any]]]:
+    """The statement, and the task and audit fields whose values it binds (in order).
+
+    ``notify``: a created task also wakes the listening workers (:mod:`mcptasks.db.wakeups`):
+    ``pg_notify`` runs in the statement and PostgreSQL delivers it on commit.
+    """
+    if notify not in _statements:
         conn = connections["default"]
         quote = conn.ops.quote_name
         task_fields = [f for f in Task._meta.concrete_fields if not f.primary_key]
@@ -61,19 +64,22 @@ def _build() -> tuple[str, list[Field[Any, Any]], list[Field[Any, Any]]]:
             f"SELECT {values(audit_fields)} FROM created) "
             "SELECT (SELECT * FROM created)"
         )
-        _statement = (sql, task_fields, audit_fields)
-    return _statement
+        if notify:
+            sql += f", (SELECT pg_notify('{wakeups.CHANNEL}', '') FROM created)"  # noqa: S608 (a constant)
+        _statements[notify] = (sql, task_fields, audit_fields)
+    return _statements[notify]
 
 
-async def insert_task(*, task: Task, audit_data: dict[str, Any], fallback_limit: int | None) -> bool:
-    """Insert ``task`` (unsaved) with its slot and audit event; whether it was created.
+async def insert_task(*, task: Task, audit_data: dict[str, Any], fallback_limit: int | None, notify: bool) -> bool:
+    """Insert ``task`` (unsaved) with its slot and audit event; whether it was created
+    (``notify``: and wake the listening workers on commit).
 
     False when the statement made no decision it may make alone: the tenant is unknown, full,
     or has a per-principal limit (nothing was written; the caller asks the ORM path, which
     decides and names the limit). On True, ``task`` is the saved row. Raises what
     :func:`mcptasks.db.write_conns.execute` raises.
     """
-    sql, task_fields, audit_fields = _build()
+    sql, task_fields, audit_fields = _build(notify=notify)
     conn = connections["default"]
     event = AuditEvent(
         tenant_id=task.tenant_id, principal_id=task.principal_id, chain=task.tenant_id or 0,

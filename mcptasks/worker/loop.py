@@ -28,6 +28,7 @@ from django.db import connection
 
 from mcptasks import conf, observability
 from mcptasks.audit import housekeeping as audit_housekeeping
+from mcptasks.db import wakeups
 from mcptasks.models import Outcome, Task
 from mcptasks.streams import webhooks
 from mcptasks.tasks import runs
@@ -137,6 +138,8 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
         s = conf.get()
         await self._heartbeat_row()
         listener = asyncio.ensure_future(self._listen())
+        # Tasks created in one statement wake us through PostgreSQL (see mcptasks.db.wakeups).
+        notified = asyncio.ensure_future(wakeups.listen(self.wake.set)) if wakeups.via_postgres() else None
         heart = asyncio.ensure_future(self._heartbeat_loop())
         sealer = asyncio.ensure_future(self._seal_loop()) if self.run_cleanup else None
         # Webhook deliveries go out from every worker (rows are claimed, so workers share them).
@@ -174,6 +177,8 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
             finally:
                 heart.cancel()
                 listener.cancel()
+                if notified is not None:
+                    notified.cancel()
                 hooks.cancel()
                 sender.shutdown()
                 if sealer is not None:

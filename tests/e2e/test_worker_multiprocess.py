@@ -253,6 +253,21 @@ def test_sigterm_finishes_short_runs_and_hands_back_long_ones(mp: Stack, daphne_
     assert sql(mp, "SELECT 1 FROM mcptasks_workerheartbeat WHERE worker_id = %s", (worker_id_of(w2),))
 
 
+def test_an_idle_worker_is_woken_by_the_creating_statement(mp: Stack, daphne_a: Proc, procs: list[Proc]) -> None:
+    """With a 30 s poll, tasks created in one statement (after the tenant's first) are claimed
+    at once: PostgreSQL delivers their NOTIFY to the worker's LISTEN with the commit."""
+    procs.append(mp.worker(concurrency=2, extra_env={"MCPTASKS_WORKER_POLL_S": "30"}))
+    with new_client(daphne_a) as client:
+        for i in range(4):
+            started = time.monotonic()
+            tid = client.call_task("demo_sleep", {"ms": 10})["taskId"]
+            assert wait_terminal(client, tid, timeout=10)["status"] == "completed"
+            assert time.monotonic() - started < 3, f"task {i} waited for the poll"
+        listeners = sql(mp, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                            "AND query = 'LISTEN mcptasks_wake'")
+        assert listeners == [(1,)]
+
+
 # --- cancellation ---------------------------------------------------------------------------------
 
 

@@ -1,0 +1,71 @@
+"""Worker wake-ups through PostgreSQL: ``NOTIFY`` in the creating statement, ``LISTEN`` in workers.
+
+A task created in one statement (:mod:`mcptasks.models.creationsql`) also calls
+``pg_notify`` in that statement: PostgreSQL delivers the notification when the statement
+commits, so a listening worker is woken in the moment the task becomes claimable, with no
+round trip of the creating request and no channel-layer message (a group send to wake the
+workers cost the web process more than the creation, and receiving each wake-up, a channel
+layer receive and its clean-up, was a fifth of a worker's CPU under load). Workers keep their
+channel-layer wake-up group for everything else (plain calls, retries, the ORM path) and their
+poll as the backstop.
+
+Behind a transaction pooler a session cannot ``LISTEN`` (the pooler hands each transaction to
+any server connection), so there the creating request sends the channel-layer wake-up as
+before (:func:`via_postgres` is false); set ``MCPTASKS_DB_POOLER`` alike in every process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from django.conf import settings
+
+from mcptasks import conf
+from mcptasks.db import async_sql
+
+logger = logging.getLogger(__name__)
+
+#: The notification channel (one database per deployment: nothing else shares it).
+CHANNEL = "mcptasks_wake"
+
+#: After the listening connection failed, wait this long before connecting again.
+RETRY_S = 1.0
+
+
+def via_postgres() -> bool:
+    """Whether task creations made in one statement wake workers with ``NOTIFY`` (PostgreSQL, no
+    transaction pooler) instead of a channel-layer message."""
+    return (settings.DATABASES["default"]["ENGINE"] in async_sql.POSTGRESQL_ENGINES
+            and conf.get().DB_POOLER == "none")
+
+
+async def listen(on_wake: Callable[[], None]) -> None:
+    """Call ``on_wake`` for every notification on :data:`CHANNEL`, until cancelled.
+
+    Reconnects after a failure (``on_wake`` is called once connected, for whatever was created
+    while nobody listened); meanwhile the worker's other wake-ups and its poll still claim.
+    """
+    import psycopg
+
+    failing = False
+    while True:
+        try:
+            conn = await psycopg.AsyncConnection.connect(**async_sql.conninfo(), connect_timeout=5)
+            async with conn:
+                await conn.execute(f"LISTEN {CHANNEL}")
+                if failing:
+                    logger.info("listening for task wake-ups again")
+                failing = False
+                on_wake()
+                async for _notification in conn.notifies():
+                    on_wake()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if not failing:
+                logger.warning("listening for task wake-ups failed (%s); retrying every %.0f s",
+                               type(exc).__name__, RETRY_S)
+            failing = True
+        await asyncio.sleep(RETRY_S)

@@ -1,0 +1,110 @@
+"""Worker wake-ups through PostgreSQL: a task created in one statement notifies on commit."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from mcptasks.db import async_sql, wakeups, write_conns
+from mcptasks.streams import signals
+from mcptasks.tasks import creation
+from tenants.selectors import effective_limits
+from tests.support.factories import demo_tool, make_auth, make_session
+from tests.support.requirements import require_postgres
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(autouse=True)
+def _postgres() -> None:
+    require_postgres()
+    async_sql._failed_until = 0.0
+
+
+def _create_while_listening(auth: Any, session: Any) -> tuple[list[float], float]:
+    """(when each wake-up arrived, when the creation returned), on one event loop."""
+
+    async def main() -> tuple[list[float], float]:
+        loop = asyncio.get_running_loop()
+        woken: list[float] = []
+        connected = asyncio.Event()
+
+        def on_wake() -> None:
+            woken.append(loop.time())
+            connected.set()
+
+        listener = asyncio.ensure_future(wakeups.listen(on_wake))
+        try:
+            await asyncio.wait_for(connected.wait(), 10)  # the first call: listening
+            woken.clear()
+            await creation.acreate_task(auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1},
+                                        request_id=1, progress_token=None)
+            created = loop.time()
+            for _ in range(100):
+                if woken:
+                    break
+                await asyncio.sleep(0.01)
+            return woken, created
+        finally:
+            listener.cancel()
+            await write_conns.close()
+            await async_sql.close()
+
+    return asyncio.run(main())
+
+
+def test_a_task_created_in_one_statement_wakes_listening_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No channel-layer wake-up is sent: the notification comes with the commit."""
+    auth = make_auth()
+    session = make_session(auth)
+    effective_limits(tenant_id=auth.tenant_id)
+    layer_wakes: list[int] = []
+    monkeypatch.setattr(signals, "wake_workers", lambda: layer_wakes.append(1))
+    assert wakeups.via_postgres()
+    woken, _created = _create_while_listening(auth, session)
+    assert len(woken) == 1 and layer_wakes == []
+
+
+def test_behind_a_transaction_pooler_the_creation_sends_the_layer_wake_up(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pooler cannot carry a LISTEN session: workers there wait for the channel layer."""
+    settings.MCPTASKS = {**settings.MCPTASKS, "DB_POOLER": "transaction"}
+    auth = make_auth()
+    session = make_session(auth)
+    effective_limits(tenant_id=auth.tenant_id)
+    layer_wakes: list[int] = []
+    monkeypatch.setattr(signals, "wake_workers", lambda: layer_wakes.append(1))
+    assert not wakeups.via_postgres()
+    woken, _created = _create_while_listening(auth, session)
+    assert woken == [] and layer_wakes == [1]
+
+
+def test_the_listener_reconnects_after_its_connection_is_killed() -> None:
+    """A terminated backend (a failover, an idle-connection killer) is reconnected to, and
+    ``on_wake`` is called again once it listens (whatever was created meanwhile is claimed)."""
+    import psycopg
+
+    async def main() -> int:
+        calls: list[int] = []
+        listener = asyncio.ensure_future(wakeups.listen(lambda: calls.append(1)))
+        try:
+            for _ in range(200):
+                if calls:
+                    break
+                await asyncio.sleep(0.01)
+            async with await psycopg.AsyncConnection.connect(**async_sql.conninfo()) as admin:
+                await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                    "WHERE query = %s AND datname = current_database() AND pid <> pg_backend_pid()",
+                                    [f"LISTEN {wakeups.CHANNEL}"])
+            for _ in range(500):
+                if len(calls) >= 2:
+                    break
+                await asyncio.sleep(0.01)
+            return len(calls)
+        finally:
+            listener.cancel()
+
+    assert asyncio.run(main()) >= 2
