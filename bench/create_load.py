@@ -10,7 +10,7 @@ the service then the peer. Prints creations/s and p50/p99 per level and target, 
 Usage (PostgreSQL + Redis as in CI)::
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/0 \\
-        .venv/bin/python bench/create_load.py [--levels 1,10,50] [--seconds 15]
+        .venv/bin/python bench/create_load.py [--levels 1,10,50] [--seconds 15] [--tenants 20]
 """
 
 from __future__ import annotations
@@ -31,13 +31,15 @@ import httpx  # noqa: E402
 from bench.e2e_load import _pct, _post, _session, _start_service, start_peer  # noqa: E402
 
 
-async def _level(urls: list[str], token: str, clients: int, seconds: float) -> tuple[int, list[float], int]:
-    """``clients`` closed-loop creators for ``seconds``: (creations, latencies in ms, failures)."""
+async def _level(urls: list[str], tokens: list[str], clients: int, seconds: float) -> tuple[int, list[float], int]:
+    """``clients`` closed-loop creators for ``seconds`` (client i uses ``tokens[i % len]``, a tenant
+    each): (creations, latencies in ms, failures)."""
     limits = httpx.Limits(max_connections=clients * 2, max_keepalive_connections=clients * 2)
     latencies: list[float] = []
     failures = 0
     async with httpx.AsyncClient(timeout=60, limits=limits) as client:
-        sessions = [(urls[i % len(urls)], await _session(client, urls[i % len(urls)], token)) for i in range(clients)]
+        sessions = [(urls[i % len(urls)], await _session(client, urls[i % len(urls)], tokens[i % len(tokens)]))
+                    for i in range(clients)]
         stop_at = time.monotonic() + seconds
 
         async def creator(url: str, headers: dict[str, str]) -> None:
@@ -65,19 +67,33 @@ def main() -> None:
     parser.add_argument("--levels", default="1,10,50")
     parser.add_argument("--seconds", type=float, default=15)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--tenants", type=int, default=1,
+                        help="also run each level with the clients spread over this many tenants (each without "
+                             "limits), next to the one-tenant run: no global hot row means the same throughput")
     args = parser.parse_args()
     if not os.environ.get("DATABASE_URL", "").startswith("postgres") or not os.environ.get("REDIS_URL"):
         sys.exit("set DATABASE_URL (PostgreSQL) and REDIS_URL")
     stack, token, urls, _pids = _start_service(REPO, args.concurrency)
+    spread = [token]
+    for i in range(1, args.tenants):
+        spread.append(stack.token(f"bench{i}", "bencher"))
+    if args.tenants > 1:
+        stack.manage("shell", "-c", "from tenants.models import Tenant; Tenant.objects.filter(slug__startswith='bench')"
+                     ".update(max_concurrent_tasks=None, max_concurrent_tasks_per_principal=None, "
+                     "rate_create_per_min=None, rate_read_per_min=None, rate_other_per_min=None)")
+    targets: list[tuple[str, list[str], list[str]]] = [("service", urls, [token])]
+    if args.tenants > 1:
+        targets.append((f"{args.tenants} tenants", urls, spread))
     peer, peer_url = start_peer()
+    targets.append(("peer", [peer_url], [""]))
     try:
         print(f"creation load: closed loop, {args.seconds:.0f} s per level and target, demo_sleep 50 ms tasks; "
               f"service: 2 daphne + 2 workers x {args.concurrency}; peer: mcp SDK, 1 uvicorn; {os.cpu_count()} CPUs",
               flush=True)
         for level in (int(x) for x in args.levels.split(",")):
             got = {}
-            for name, target, tok in (("service", urls, token), ("peer", [peer_url], "")):
-                n, lat, failed = asyncio.run(_level(target, tok, level, args.seconds))
+            for name, target, toks in targets:
+                n, lat, failed = asyncio.run(_level(target, toks, level, args.seconds))
                 got[name] = (n / args.seconds, statistics.median(lat) if lat else float("nan"), _pct(lat, 0.99))
                 load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
                 print(f"  {level:3d} clients  {name:<8} {got[name][0]:7.1f} creations/s | p50 {got[name][1]:6.1f} ms | "
@@ -85,6 +101,10 @@ def main() -> None:
             s, p = got["service"], got["peer"]
             print(f"  {level:3d} clients  service/peer: throughput {s[0] / p[0]:.2f}x, p50 {s[1] / p[1]:.2f}x, "
                   f"p99 {s[2] / p[2]:.2f}x", flush=True)
+            if args.tenants > 1:
+                m = got[f"{args.tenants} tenants"]
+                print(f"  {level:3d} clients  {args.tenants} tenants / 1 tenant: throughput {m[0] / s[0]:.2f}x, "
+                      f"p50 {m[1] / s[1]:.2f}x", flush=True)
     finally:
         peer.kill()
         peer.wait(10)
