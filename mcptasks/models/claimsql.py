@@ -42,16 +42,19 @@ def claim_statement(base: TaskQuerySet, *, worker_id: str, limit: int, now: dt.d
     tenant keeps at most ``tenant_cap`` runs counting ``held``. If a claimable row of a tool in
     ``limited`` (tools with ``max_concurrency``) is waiting, the statement locks and claims
     nothing and returns ``(True, [])``: the caller then claims the counted way. Returns
-    ``(limited_waiting, claimed rows in claim order)``; must run in a transaction.
+    ``(limited_waiting, claimed rows in claim order)``; atomic by itself (autocommit or a transaction).
     """
     task = base.model
     q = connection.ops.quote_name
     table = q(task._meta.db_table)
     fields = task._meta.concrete_fields
     cand_sql, cand_params = _sql(base.order_by().values_list("pk", "tenant_id"))
-    locked_qs = base.order_by().filter(pk__in=RawSQL("SELECT seq FROM picked", ())).select_for_update(
-        skip_locked=True, of=("self",)).values_list("pk")
+    locked_qs = base.order_by().filter(pk__in=RawSQL("SELECT seq FROM picked", ())).values_list("pk")
     locked_sql, locked_params = _sql(locked_qs)
+    # The lock clause the ORM's select_for_update(skip_locked=True, of=("self",)) writes, added
+    # here: the ORM refuses to compile it outside a transaction, and the statement may run in
+    # autocommit (it is atomic by itself).
+    locked_sql += f" FOR UPDATE OF {table} SKIP LOCKED"
     if limited:
         probe_sql, probe_params = _sql(base.order_by().filter(tool_name__in=limited).values_list("pk")[:1])
         waiting = f"SELECT EXISTS({probe_sql}) AS limited"

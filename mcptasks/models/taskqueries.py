@@ -13,6 +13,7 @@ from django.db.models import Case, F, OuterRef, Q, Subquery, Value, When, Window
 from django.db.models.functions import Coalesce, RowNumber
 from django.utils import timezone
 
+from mcptasks import conf
 from mcptasks.models.claimsql import claim_statement
 from mcptasks.models.sessions import McpSession
 from mcptasks.models.status import LIVE, TERMINAL, TaskStatus
@@ -98,30 +99,42 @@ class TaskQuerySet(models.QuerySet["Task"]):
         plus ``client_caps``, ``tenant_slug`` and ``principal_ident`` for the tool's context.
 
         On PostgreSQL the claim is one statement (:func:`~mcptasks.models.claimsql.claim_statement`:
-        rank, lock with ``SKIP LOCKED``, ``UPDATE … RETURNING``) unless a claimable task of a tool
+        rank, lock with ``SKIP LOCKED``, ``UPDATE … RETURNING``), run in autocommit (without a
+        pooler, outside a caller's transaction) unless a claimable task of a tool
         in ``limited`` is waiting: counting such a tool's slots needs its advisory lock before the
         claim, so the statement then claims nothing and the claim takes the counted path below
         (rank, lock, update: three statements plus the count of each limited tool) in the same
         transaction. SQLite always takes the counted path.
         """
         on_pg = connection.vendor == "postgresql"
+        runnable = self.claimable(now=now)
+        skip = list(exclude)
+        if skip:
+            # A lease of ours that lapsed (a long stall) must not start a second local run.
+            runnable = runnable.exclude(task_id__in=skip)
+        held = dict(tenant_running or {})
+        uncapped = runnable
+        if tenant_cap is not None:
+            capped = [tenant for tenant, n in held.items() if n >= tenant_cap]
+            if capped:
+                uncapped = runnable.exclude(tenant_id__in=capped)
+        # The statement is atomic by itself: in autocommit its row locks end with it, instead of
+        # lasting until a COMMIT sent after Python has built the claimed rows (and BEGIN and
+        # COMMIT cost two round trips). Behind a pooler it stays in a transaction: the timeouts
+        # are set per transaction there.
+        alone = on_pg and not connection.in_atomic_block and conf.get().DB_POOLER == "none"
+
+        def by_statement() -> tuple[bool, list[Task]]:
+            return claim_statement(uncapped, worker_id=worker_id, limit=limit, now=now, lease_until=lease_until,
+                                   held=held, tenant_cap=tenant_cap, limited=sorted(limited or {}))
+
+        if alone:
+            limited_waiting, at_once = by_statement()
+            if not limited_waiting:
+                return at_once
         with transaction.atomic():
-            runnable = self.claimable(now=now)
-            skip = list(exclude)
-            if skip:
-                # A lease of ours that lapsed (a long stall) must not start a second local run.
-                runnable = runnable.exclude(task_id__in=skip)
-            held = dict(tenant_running or {})
-            uncapped = runnable
-            if tenant_cap is not None:
-                capped = [tenant for tenant, n in held.items() if n >= tenant_cap]
-                if capped:
-                    uncapped = runnable.exclude(tenant_id__in=capped)
-            if on_pg:
-                limited_waiting, at_once = claim_statement(
-                    uncapped, worker_id=worker_id, limit=limit, now=now, lease_until=lease_until, held=held,
-                    tenant_cap=tenant_cap, limited=sorted(limited or {}),
-                )
+            if on_pg and not alone:
+                limited_waiting, at_once = by_statement()
                 if not limited_waiting:
                     return at_once
             capacity = runnable._capacity(limited or {}, now=now, on_pg=on_pg)

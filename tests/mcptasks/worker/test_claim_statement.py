@@ -111,3 +111,26 @@ def test_concurrent_claimers_never_get_the_same_row() -> None:
     assert len(every) == len(set(every)) == len(ids)  # each row claimed exactly once
     assert set(every) == ids
     assert set(Task.objects.values_list("attempt", flat=True)) == {1}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_claim_statement_runs_in_autocommit_without_a_transaction(settings: Any) -> None:
+    """Issue 27: no transaction sits open while the worker builds the claimed rows (it showed as
+    "idle in transaction" holding the rows' locks); behind a pooler, where the timeouts are set
+    per transaction, the claim keeps its transaction."""
+    auth = make_auth()
+    rows = [task_row("plain", auth=auth) for _ in range(2)]
+    seen: list[tuple[str, bool, bool]] = []
+
+    def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append((sql.split()[0].upper(), connection.in_atomic_block, connection.get_autocommit()))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        assert len(_claim("w1", 1)) == 1
+    assert seen == [("WITH", False, True)]
+    seen.clear()
+    settings.MCPTASKS = {**settings.MCPTASKS, "DB_POOLER": "transaction"}
+    with connection.execute_wrapper(record):
+        assert [t.task_id for t in _claim("w2", 1)] == [rows[1].task_id]
+    assert [s for s in seen if s[0] == "WITH"] == [("WITH", True, False)]
