@@ -14,6 +14,7 @@ from tenants.quotas import QuotaExceeded, acquire_task_slot, release_task_slot
 from tenants.selectors import clear_limits_cache, effective_limits
 from tenants.services import get_or_create_principal
 from tests.support.requirements import require_postgres
+from tests.support.row_locks import counter_rows_held
 
 pytestmark = pytest.mark.django_db
 
@@ -283,7 +284,6 @@ def test_a_tenant_without_limits_takes_no_row_lock(settings: Any) -> None:
     another transaction holds it locked, and both finish within a 1 s lock timeout."""
     if connection.vendor != "postgresql":
         require_postgres()
-    from django.db import connections
 
     from mcptasks.models import Outcome, Task
     from mcptasks.tasks import transitions
@@ -292,34 +292,17 @@ def test_a_tenant_without_limits_takes_no_row_lock(settings: Any) -> None:
     _unlimited_by_default(settings)
     tenant = Tenant.objects.create(slug="free")
     auth = make_auth(tenant)
-    locked, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        try:
-            with transaction.atomic():
-                # The lock a counter UPDATE takes (foreign keys to the rows may still be checked).
-                Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).get()
-                Principal.objects.select_for_update(no_key=True).filter(pk=auth.principal_id).get()
-                locked.set()
-                release.wait(30)
-        finally:
-            connections.close_all()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert locked.wait(10)
+    with counter_rows_held(tenant_id=tenant.pk, principal_id=auth.principal_id):
         with connection.cursor() as cursor:
             cursor.execute("SET lock_timeout = '1s'")
-        task = make_task(auth)
-        Task.objects.filter(pk=task.pk).update(attempt=1)
-        assert transitions.finish_runs(runs=[(task, Outcome(pk=task.pk, attempt=1, status="completed",
-                                                         result={"content": []}))]) == [True]
-    finally:
-        release.set()
-        holder.join(30)
-        with connection.cursor() as cursor:
-            cursor.execute("SET lock_timeout = 0")
+        try:
+            task = make_task(auth)
+            Task.objects.filter(pk=task.pk).update(attempt=1)
+            assert transitions.finish_runs(runs=[(task, Outcome(pk=task.pk, attempt=1, status="completed",
+                                                             result={"content": []}))]) == [True]
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("SET lock_timeout = 0")
     tenant.refresh_from_db()
     assert tenant.active_tasks == 0  # not counted
 

@@ -10,12 +10,11 @@ idempotent retries.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from django.db import connections, transaction
+from django.db import connections
 
 from mcptasks.db import async_sql, write_conns
 from mcptasks.db import write_pool as dbwrites
@@ -26,6 +25,7 @@ from tenants.models import Principal, Tenant
 from tenants.selectors import clear_limits_cache, effective_limits
 from tests.support.factories import demo_tool, make_auth, make_session
 from tests.support.requirements import require_postgres
+from tests.support.row_locks import counter_rows_held
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -87,6 +87,7 @@ def test_one_statement_writes_what_the_orm_path_writes(monkeypatch: pytest.Monke
     stored, expected = Task.objects.get(pk=fast.pk), Task.objects.get(pk=slow.pk)
     assert stored.task_id == fast.task_id and stored.wire() == fast.wire()
     assert {a: getattr(stored, a) for a in _COMPARED} == {a: getattr(expected, a) for a in _COMPARED}
+    assert stored.expires_at is not None and expected.expires_at is not None
     assert stored.expires_at - stored.created_at == expected.expires_at - expected.created_at
     assert stored.request_id == 1 and stored.idempotency_key == "k1"
     event = AuditEvent.objects.get(task_id=fast.task_id)
@@ -180,29 +181,11 @@ def test_a_tenant_without_limits_is_created_while_its_row_is_locked(monkeypatch:
     auth = make_auth(tenant)
     session = make_session(auth)
     effective_limits(tenant_id=tenant.pk)
-    locked, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        try:
-            with transaction.atomic():
-                Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).get()
-                Principal.objects.select_for_update(no_key=True).filter(pk=auth.principal_id).get()
-                locked.set()
-                release.wait(30)
-        finally:
-            connections.close_all()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
     orm = _OrmCalls(monkeypatch)
     real = async_sql.conninfo
     monkeypatch.setattr(async_sql, "conninfo", lambda: {**real(), "options": "-c lock_timeout=1000"})
-    try:
-        assert locked.wait(10)
+    with counter_rows_held(tenant_id=tenant.pk, principal_id=auth.principal_id):
         tasks = _run(lambda: asyncio.gather(*(_create(auth, session, i) for i in range(20))))
-    finally:
-        release.set()
-        holder.join(30)
     assert len({t.task_id for t in tasks}) == 20 and orm.calls == 0
     tenant.refresh_from_db()
     assert tenant.active_tasks == 0 and _live(tenant.pk) == 20
