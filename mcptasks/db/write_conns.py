@@ -41,7 +41,7 @@ _opened: dict[int, weakref.WeakSet[Any]] = {}
 
 
 class Refused(Exception):
-    """The database refused the statement (a constraint): nothing was written."""
+    """The database refused the statement (a constraint, bad data): nothing was written."""
 
 
 def available() -> bool:
@@ -92,7 +92,7 @@ def _drop_pools_of_closed_loops() -> None:
 async def execute(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
     """Run one statement (``$n`` placeholders) as its own transaction; its first row.
 
-    :class:`Refused` when a constraint refuses it (nothing was written);
+    :class:`Refused` when the database refuses it (a constraint, bad data: nothing was written);
     :class:`WriteQueueTimeout` when no connection was free in time (nothing was sent);
     Django's ``OperationalError`` on a lock or statement timeout (nothing was written);
     :class:`async_sql.Unavailable` when the connection failed (then the statement may or may
@@ -127,11 +127,17 @@ async def execute(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
         # A lock or statement timeout: the statement was rolled back, the connection is fine.
         # Answered like the ORM's (503, retry); the ORM would only wait as long again.
         raise OperationalError(f"the write timed out on the server ({type(exc).__name__})") from exc
-    except psycopg.Error as exc:
+    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
         async_sql.mark_failed()
         logger.warning("async write failed (%s); using the ORM for %.0f s", type(exc).__name__,
                        async_sql.RETRY_AFTER_S)
         raise async_sql.Unavailable from exc
+    except psycopg.Error as exc:
+        # The statement was refused (bad data, say) and rolled back: the connection is fine, and
+        # one request's input must not send every request of the process to the ORM. Only the
+        # error's class is logged, never a value from the request.
+        logger.warning("async write refused (%s); made through the ORM instead", type(exc).__name__)
+        raise Refused(type(exc).__name__) from exc
 
 
 def open_connections() -> int:

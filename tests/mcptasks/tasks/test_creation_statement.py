@@ -264,3 +264,25 @@ def test_the_pool_of_an_event_loop_that_closed_lets_its_connections_go() -> None
     assert conns and not any(c.closed for c in conns)
     assert write_conns.open_connections() == 0
     assert all(c.closed for c in conns)
+
+
+def test_a_refused_statement_goes_to_the_orm_and_keeps_the_async_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A statement the database refuses (here a division by zero standing for bad data) was
+    rolled back on a healthy connection: the ORM path makes the task, and the async path stays
+    on for every other request (one request's input must not switch the process to the ORM)."""
+    from mcptasks.models import creationsql
+
+    auth = make_auth()
+    session = make_session(auth)
+    effective_limits(tenant_id=auth.tenant_id)
+    real = creationsql._build
+
+    def failing(*, notify: bool) -> Any:
+        sql, task_fields, audit_fields = real(notify=notify)
+        return sql + ", (SELECT 1 / (SELECT count(*) FROM created WHERE false))", task_fields, audit_fields
+
+    monkeypatch.setattr(creationsql, "_build", failing)
+    orm = _OrmCalls(monkeypatch)
+    task = _run(lambda: _create(auth, session, 1))
+    assert orm.calls == 1 and Task.objects.filter(pk=task.pk).exists()
+    assert async_sql.available()
