@@ -79,7 +79,7 @@ class AppSettings:
         "not settle) run on this many threads per web process, each with its own connection, instead of queuing "
         "on the one thread every ORM call from async code shares (`mcptasks/db/write_pool.py`); task creations "
         "run as one statement on a pool of as many async connections per event loop (`mcptasks/db/write_conns.py`, "
-        "with `ASYNC_READS`). 0: writes share that thread, and creations use the ORM.",
+        "with `ASYNC_READS`, not behind a pooler). 0: writes share that thread, and creations use the ORM.",
     )
     WRITE_QUEUE_TIMEOUT_S: float = setting(
         10.0,

@@ -11,12 +11,10 @@ The statements run on a :class:`psycopg_pool.AsyncConnectionPool` per event loop
 ``WRITE_THREADS`` connections, so a statement waiting on a lock (up to ``DB_LOCK_TIMEOUT_MS``)
 never holds up the other tenants' writes behind it on one connection; a write that waits longer
 than ``WRITE_QUEUE_TIMEOUT_S`` for a connection fails with :class:`WriteQueueTimeout` (503)
-before it starts. Directly against PostgreSQL the connections carry the timeouts as startup
-options; behind a transaction pooler the statement runs in a pipelined transaction that sets
-them first (one round trip still), and nothing is prepared.
+before it starts. The connections carry the timeouts as startup options.
 
-Used only where :func:`available` (PostgreSQL, ``ASYNC_READS`` on, ``WRITE_THREADS`` > 0 and the
-async path not failing); callers fall back to the ORM otherwise.
+Used only where :func:`available` (PostgreSQL without a transaction pooler, ``ASYNC_READS`` on,
+``WRITE_THREADS`` > 0 and the async path not failing); callers use the ORM otherwise.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ from typing import Any
 from django.db import OperationalError
 
 from mcptasks import conf
-from mcptasks.db import async_sql, config
+from mcptasks.db import async_sql
 from mcptasks.db.write_pool import WriteQueueTimeout
 
 logger = logging.getLogger(__name__)
@@ -45,8 +43,16 @@ class Refused(Exception):
 
 
 def available() -> bool:
-    """Whether single-statement writes may be made now (else the caller uses the ORM)."""
-    return conf.get().WRITE_THREADS > 0 and async_sql.available()
+    """Whether single-statement writes may be made now (else the caller uses the ORM).
+
+    Not behind a transaction pooler: there the timeouts can only be set inside a transaction,
+    and a transaction around the statement is what a host lost before its COMMIT leaves open,
+    holding a limited tenant's row until the idle-in-transaction timeout (and the next of that
+    host's creations queued behind it then too: tests/e2e/test_reference_deployment.py). In
+    autocommit the server ends the statement, and its locks, without the client.
+    """
+    app = conf.get()
+    return app.WRITE_THREADS > 0 and app.DB_POOLER == "none" and async_sql.available()
 
 
 async def _pool() -> Any:
@@ -107,16 +113,8 @@ async def execute(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
     try:
         async with pool.connection() as conn:
             cur = AsyncRawCursor(conn)
-            if app.DB_POOLER == "transaction":
-                # The pooler hands each transaction to any server connection: the timeouts are
-                # set inside this one, and BEGIN, settings, statement and COMMIT go as one flight.
-                async with conn.pipeline(), conn.transaction():
-                    await cur.execute(config.transaction_settings_sql(app))
-                    await cur.execute(sql, list(params), prepare=False)
-                row = await cur.fetchone()
-            else:
-                await cur.execute(sql, list(params), prepare=True)
-                row = await cur.fetchone()
+            await cur.execute(sql, list(params), prepare=True)
+            row = await cur.fetchone()
             return tuple(row) if row is not None else None
     except PoolTimeout:
         logger.warning("write dropped: no write connection free for %.1f s", app.WRITE_QUEUE_TIMEOUT_S)

@@ -67,19 +67,15 @@ def test_a_task_created_in_one_statement_wakes_listening_workers(monkeypatch: py
     assert len(woken) == 1 and layer_wakes == []
 
 
-def test_behind_a_transaction_pooler_the_creation_sends_the_layer_wake_up(
-    settings: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A pooler cannot carry a LISTEN session: workers there wait for the channel layer."""
-    settings.MCPTASKS = {**settings.MCPTASKS, "DB_POOLER": "transaction"}
-    auth = make_auth()
-    session = make_session(auth)
-    effective_limits(tenant_id=auth.tenant_id)
-    layer_wakes: list[int] = []
-    monkeypatch.setattr(signals, "wake_workers", lambda: layer_wakes.append(1))
-    assert not wakeups.via_postgres()
-    woken, _created = _create_while_listening(auth, session)
-    assert woken == [] and layer_wakes == [1]
+def test_behind_a_transaction_pooler_workers_do_not_listen() -> None:
+    """A pooler cannot carry a LISTEN session: there creations take the ORM path, which sends
+    the channel-layer wake-up (tests/mcptasks/test_pooler.py)."""
+    assert wakeups.via_postgres()
+    from django.conf import settings
+    from django.test import override_settings
+
+    with override_settings(MCPTASKS={**settings.MCPTASKS, "DB_POOLER": "transaction"}):
+        assert not wakeups.via_postgres() and not write_conns.available()
 
 
 def test_the_listener_reconnects_after_its_connection_is_killed() -> None:
