@@ -10,8 +10,9 @@ channel-layer wake-up group for everything else (plain calls, retries, the ORM p
 poll as the backstop.
 
 Behind a transaction pooler a session cannot ``LISTEN`` (the pooler hands each transaction to
-any server connection), so there the creating request sends the channel-layer wake-up as
-before (:func:`via_postgres` is false); set ``MCPTASKS_DB_POOLER`` alike in every process.
+any server connection); there creations are not made in one statement either, and the ORM
+creation sends the channel-layer wake-up (:func:`via_postgres` is false). Set
+``MCPTASKS_DB_POOLER`` alike in every process.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ RETRY_S = 1.0
 
 
 def via_postgres() -> bool:
-    """Whether task creations made in one statement wake workers with ``NOTIFY`` (PostgreSQL, no
-    transaction pooler) instead of a channel-layer message."""
+    """Whether workers listen for ``NOTIFY`` wake-ups (PostgreSQL without a transaction pooler,
+    where creations are made in one statement that notifies)."""
     return (settings.DATABASES["default"]["ENGINE"] in async_sql.POSTGRESQL_ENGINES
             and conf.get().DB_POOLER == "none")
 

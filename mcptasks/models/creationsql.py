@@ -24,16 +24,18 @@ from tenants import quotas
 _AUDIT_FIELDS = ("tenant_id", "principal_id", "chain", "principal_ref", "action", "task_id", "data", "created_at",
                  "prev_hash", "hash")
 
-_statements: dict[bool, tuple[str, list[Field[Any, Any]], list[Field[Any, Any]]]] = {}
+_statement: tuple[str, list[Field[Any, Any]], list[Field[Any, Any]]] | None = None
 
 
-def _build(*, notify: bool) -> tuple[str, list[Field[Any, Any]], list[Field[Any, Any]]]:
+def _build() -> tuple[str, list[Field[Any, Any]], list[Field[Any, Any]]]:
     """The statement, and the task and audit fields whose values it binds (in order).
 
-    ``notify``: a created task also wakes the listening workers (:mod:`mcptasks.db.wakeups`):
-    ``pg_notify`` runs in the statement and PostgreSQL delivers it on commit.
+    A created task also wakes the listening workers (:mod:`mcptasks.db.wakeups`): ``pg_notify``
+    runs in the statement and PostgreSQL delivers it on commit. (The statement is only used
+    without a transaction pooler, which is where workers listen.)
     """
-    if notify not in _statements:
+    global _statement
+    if _statement is None:
         conn = connections["default"]
         quote = conn.ops.quote_name
         task_fields = [f for f in Task._meta.concrete_fields if not f.primary_key]
@@ -64,22 +66,21 @@ def _build(*, notify: bool) -> tuple[str, list[Field[Any, Any]], list[Field[Any,
             f"SELECT {values(audit_fields)} FROM created) "
             "SELECT (SELECT * FROM created)"
         )
-        if notify:
-            sql += f", (SELECT pg_notify('{wakeups.CHANNEL}', '') FROM created)"  # noqa: S608 (a constant)
-        _statements[notify] = (sql, task_fields, audit_fields)
-    return _statements[notify]
+        sql += f", (SELECT pg_notify('{wakeups.CHANNEL}', '') FROM created)"  # noqa: S608 (a constant)
+        _statement = (sql, task_fields, audit_fields)
+    return _statement
 
 
-async def insert_task(*, task: Task, audit_data: dict[str, Any], fallback_limit: int | None, notify: bool) -> bool:
-    """Insert ``task`` (unsaved) with its slot and audit event; whether it was created
-    (``notify``: and wake the listening workers on commit).
+async def insert_task(*, task: Task, audit_data: dict[str, Any], fallback_limit: int | None) -> bool:
+    """Insert ``task`` (unsaved) with its slot and audit event, waking the listening workers on
+    commit; whether it was created.
 
     False when the statement made no decision it may make alone: the tenant is unknown, full,
     or has a per-principal limit (nothing was written; the caller asks the ORM path, which
     decides and names the limit). On True, ``task`` is the saved row. Raises what
     :func:`mcptasks.db.write_conns.execute` raises.
     """
-    sql, task_fields, audit_fields = _build(notify=notify)
+    sql, task_fields, audit_fields = _build()
     conn = connections["default"]
     event = AuditEvent(
         tenant_id=task.tenant_id, principal_id=task.principal_id, chain=task.tenant_id or 0,

@@ -10,7 +10,7 @@ from django.db import IntegrityError, OperationalError, transaction
 from django.utils import timezone
 
 from mcptasks import conf, observability
-from mcptasks.db import async_sql, wakeups, write_conns
+from mcptasks.db import async_sql, write_conns
 from mcptasks.db import write_pool as dbwrites
 from mcptasks.models import McpSession, Task, TaskStatus, creationsql
 from mcptasks.streams import signals
@@ -146,11 +146,9 @@ async def acreate_task(
             stream_id=None, idempotency_key=idempotency_key, limits=limits_of(row),
         )
         try:
-            notify = wakeups.via_postgres()
+            # The statement wakes the workers itself (pg_notify, delivered on commit).
             if await creationsql.insert_task(task=task, audit_data={"tool": tool.name, "ttl": ttl},
-                                             fallback_limit=quotas.default_tenant_limit(), notify=notify):
-                if not notify:
-                    signals.wake_workers()
+                                             fallback_limit=quotas.default_tenant_limit()):
                 return task
         except write_conns.Refused:
             pass  # e.g. the idempotency key of an earlier attempt: the ORM path answers it

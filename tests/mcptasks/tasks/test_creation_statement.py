@@ -277,8 +277,8 @@ def test_a_refused_statement_goes_to_the_orm_and_keeps_the_async_path(monkeypatc
     effective_limits(tenant_id=auth.tenant_id)
     real = creationsql._build
 
-    def failing(*, notify: bool) -> Any:
-        sql, task_fields, audit_fields = real(notify=notify)
+    def failing() -> Any:
+        sql, task_fields, audit_fields = real()
         return sql + ", (SELECT 1 / (SELECT count(*) FROM created WHERE false))", task_fields, audit_fields
 
     monkeypatch.setattr(creationsql, "_build", failing)
