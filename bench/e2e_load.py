@@ -3,7 +3,7 @@
 The load: ``--procs`` client processes sharing ``--callers`` concurrent callers (closed loop). Each
 caller creates a task of ``demo_sleep(ms=50)`` (``tools/call`` + ``task``), polls ``tasks/get``
 every 100 ms until the task is terminal, then reads ``tasks/result``, and starts again. It runs
-against the service (2 daphne processes + 2 workers of ``--concurrency`` slots, PostgreSQL +
+against the service (2 web processes, granian by default, + 2 workers of ``--concurrency`` slots, PostgreSQL +
 Redis, the tenant without limits or rates) and against the official SDK peer
 (``bench/peers/sdk_server.py``, one uvicorn process), in interleaved rounds of ``--seconds``.
 
@@ -52,7 +52,7 @@ sys.path.insert(0, str(REPO))
 
 import httpx  # noqa: E402
 
-from tests.support.servers import FAST_SETTINGS, free_port, make_stack  # noqa: E402
+from tests.support.servers import FAST_SETTINGS, WEB_SERVERS, descendants, free_port, make_stack  # noqa: E402
 
 ACCEPT = "application/json, text/event-stream"
 TERMINAL = {"completed", "failed", "cancelled"}
@@ -268,8 +268,9 @@ def phases(dsn: str) -> str:
             f"claimed -> finished p50 {statistics.median(run):.0f} / p99 {_pct(run, 0.99):.0f} ms")
 
 
-def _start_service(repo: Path, concurrency: int) -> tuple[Any, str, list[str], list[int]]:
-    """A stack of ``repo``'s code: 2 daphne + 2 workers, the bench tenant without limits or rates."""
+def _start_service(repo: Path, concurrency: int, server: str) -> tuple[Any, str, list[str], list[int]]:
+    """A stack of ``repo``'s code: 2 web processes under ``server`` + 2 workers, the bench tenant
+    without limits or rates."""
     from tests.support import servers
 
     servers.REPO = repo  # the processes (and manage.py) run in that checkout
@@ -284,9 +285,10 @@ def _start_service(repo: Path, concurrency: int) -> tuple[Any, str, list[str], l
     stack.manage("shell", "-c", "from tenants.models import Tenant; Tenant.objects.filter(slug='bench').update("
                  "max_concurrent_tasks=None, max_concurrent_tasks_per_principal=None, rate_create_per_min=None, "
                  "rate_read_per_min=None, rate_other_per_min=None)")
-    webs = [stack.daphne(embedded_worker=False) for _ in range(2)]
+    webs = [stack.web(server=server, embedded_worker=False) for _ in range(2)]
     workers = [stack.worker(concurrency=concurrency) for _ in range(2)]
-    return stack, token, [w.url for w in webs], [p.popen.pid for p in webs + workers]
+    # granian runs the application in a child process: its CPU counts too.
+    return stack, token, [w.url for w in webs], descendants([p.popen.pid for p in webs + workers])
 
 
 def start_peer() -> tuple[subprocess.Popen[bytes], str]:
@@ -312,6 +314,8 @@ def main() -> None:
     parser.add_argument("--callers", type=int, default=60)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--only", choices=("service", "peer"))
+    parser.add_argument("--server", choices=tuple(WEB_SERVERS), default="granian",
+                        help="the service's web server (default granian, the documented production server)")
     parser.add_argument("--base", type=Path, help="another checkout (e.g. a worktree of main): measured as 'base' "
                                                   "in the same rounds, for before/after figures in one run")
     args = parser.parse_args()
@@ -323,11 +327,11 @@ def main() -> None:
     try:
         if args.only != "peer":
             if args.base is not None:
-                stacks["base"] = _start_service(args.base.resolve(), args.concurrency)
-            stacks["service"] = _start_service(REPO, args.concurrency)
+                stacks["base"] = _start_service(args.base.resolve(), args.concurrency, args.server)
+            stacks["service"] = _start_service(REPO, args.concurrency, args.server)
         peer, peer_url = start_peer()
         print(f"e2e load: {args.procs} client processes, {args.callers} callers, demo_sleep 50 ms, tasks/get every "
-              f"100 ms; service: 2 daphne + 2 workers x {args.concurrency}; peer: mcp SDK, 1 uvicorn; "
+              f"100 ms; service: 2 {args.server} + 2 workers x {args.concurrency}; peer: mcp SDK, 1 uvicorn; "
               f"{args.rounds} x {args.seconds:.0f} s rounds; {os.cpu_count()} CPUs"
               + (f"; base: {args.base}" if args.base else ""), flush=True)
         stats = []

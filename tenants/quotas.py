@@ -136,6 +136,37 @@ def one_statement_slot_sql(*, tenant: str, principal: str, fallback: str) -> tup
     return ctes, condition
 
 
+def one_statement_release_sql(*, released: str, fallback: str) -> str:
+    """CTEs giving slots back inside a larger PostgreSQL statement: :func:`release_task_slots`'s work.
+
+    ``released`` names a CTE (or table) of the statement with one row per slot to give back and
+    the columns ``tenant_id`` and ``principal_id``; ``fallback`` is the placeholder of
+    :func:`default_tenant_limit`. Only counted tenants and their principals are touched. The
+    tenant rows are locked in key order, then the principal rows (the order
+    :func:`acquire_task_slot` locks in), and their counters never go below zero. The CTEs are
+    named ``quota_r*`` and end without a comma.
+    """
+    tenant_table, principal_table = _table(Tenant), _table(Principal)
+    counted = (f"(CAST({fallback} AS INTEGER) IS NOT NULL OR t.max_concurrent_tasks IS NOT NULL "
+               "OR t.max_concurrent_tasks_per_principal IS NOT NULL)")
+    # Identifiers come from the models' metadata; the caller binds every value.
+    return (
+        f"quota_rn AS (SELECT tenant_id, principal_id, count(*) AS n FROM {released} "  # noqa: S608
+        "GROUP BY tenant_id, principal_id), "
+        f"quota_rtl AS MATERIALIZED (SELECT t.id FROM {tenant_table} t WHERE t.id IN (SELECT tenant_id FROM quota_rn) "
+        f"AND {counted} ORDER BY t.id FOR NO KEY UPDATE), "
+        f"quota_rt AS (UPDATE {tenant_table} t SET active_tasks = GREATEST(t.active_tasks - s.n, 0) "
+        "FROM (SELECT tenant_id, sum(n) AS n FROM quota_rn GROUP BY tenant_id) s "
+        "WHERE t.id = s.tenant_id AND t.id IN (SELECT id FROM quota_rtl) AND t.active_tasks > 0), "
+        f"quota_rpl AS MATERIALIZED (SELECT p.id FROM {principal_table} p "
+        "WHERE p.id IN (SELECT principal_id FROM quota_rn) AND p.tenant_id IN (SELECT id FROM quota_rtl) "
+        "ORDER BY p.id FOR NO KEY UPDATE), "
+        f"quota_rp AS (UPDATE {principal_table} p SET active_tasks = GREATEST(p.active_tasks - s.n, 0) "
+        "FROM (SELECT principal_id, sum(n) AS n FROM quota_rn GROUP BY principal_id) s "
+        "WHERE p.id = s.principal_id AND p.id IN (SELECT id FROM quota_rpl) AND p.active_tasks > 0)"
+    )
+
+
 def _acquire_statements(*, tenant_id: int, principal_id: int, fallback: int | None) -> _Took:
     """The same on other databases (SQLite serialises writers), a statement at a time."""
     limits = Tenant.objects.filter(pk=tenant_id).values_list(

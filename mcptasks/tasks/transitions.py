@@ -14,13 +14,13 @@ import datetime as dt
 import logging
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from mcptasks import conf
 from mcptasks.audit import trail as audit
-from mcptasks.models import TERMINAL, McpSession, Outcome, Task, TaskStatus
+from mcptasks.models import TERMINAL, McpSession, Outcome, Task, TaskStatus, finishsql
 from mcptasks.protocol.errors import INTERNAL_ERROR, INVALID_PARAMS, McpError, cannot_cancel_message
 from mcptasks.streams import signals
 from mcptasks.tasks import auditing, fanout, selectors, webhook_outbox
@@ -91,13 +91,51 @@ class Finished(list[bool]):
 
 
 def finish_runs(*, runs: list[tuple[Task, Outcome]]) -> Finished:
-    """Write the outcomes of many worker runs in one transaction; whether each was written.
+    """Write the outcomes of many worker runs at once; whether each was written.
 
     What :func:`transition` does for one task, batched: the outcomes (a superseded or
     cancelled run writes nothing), the quota slots, the dead server->client requests and the
-    audit events commit together; then waiters and requestors are told.
+    audit events commit together; then waiters and requestors are told. On PostgreSQL that is
+    one statement (:mod:`~mcptasks.models.finishsql`) unless a tenant of the batch has webhook
+    endpoints, whose outbox rows the ORM transaction renders.
     """
     now = timezone.now()
+    won = _finish_statement(runs, now=now)
+    deliveries = 0
+    if won is None:
+        won, deliveries = _finish_transaction(runs, now=now)
+    ended = [t for t, o in runs if o.pk in won]
+    fanout.after_changes(ended)
+    finished = Finished(o.pk in won for _t, o in runs)
+    finished.deliveries = deliveries
+    return finished
+
+
+def _finish_statement(runs: list[tuple[Task, Outcome]], *, now: dt.datetime) -> set[int] | None:
+    """:func:`finish_runs`'s writes as one statement on PostgreSQL; None where it does not apply.
+
+    In autocommit on a direct connection (no lock outlives the statement); behind a transaction
+    pooler inside a transaction, where the timeouts are set per transaction.
+    """
+    if connection.vendor != "postgresql" or not runs:
+        return None
+    outcomes = [o for _t, o in runs]
+    if connection.in_atomic_block or conf.get().DB_POOLER != "none":
+        with transaction.atomic():
+            pks = finishsql.finish(outcomes, now=now)
+    else:
+        pks = finishsql.finish(outcomes, now=now)
+    if pks is None:
+        return None
+    won = set(pks)
+    for task, outcome in runs:
+        if outcome.pk in won:
+            _apply(task, outcome, now=now)
+    return won
+
+
+def _finish_transaction(runs: list[tuple[Task, Outcome]], *, now: dt.datetime) -> tuple[set[int], int]:
+    """:func:`finish_runs`'s writes as an ORM transaction: the won pks and the webhook rows written."""
     with transaction.atomic():
         won = set(Task.objects.finish([o for _t, o in runs], now=now))
         ended = [(t, o) for t, o in runs if o.pk in won]
@@ -105,21 +143,23 @@ def finish_runs(*, runs: list[tuple[Task, Outcome]]) -> Finished:
             _ended(tasks=[t for t, _o in ended], messages={o.pk: o.message for _t, o in ended},
                    statuses={o.pk: o.status for _t, o in ended})
         for task, outcome in ended:
-            task.status, task.last_updated_at, task.finished_at = outcome.status, now, now
-            task.lease_expires_at = None
-            if outcome.message is not None:
-                task.status_message = outcome.message
-            if outcome.result is not None:
-                task.result = outcome.result
-            if outcome.error is not None:
-                task.error = outcome.error
+            _apply(task, outcome, now=now)
         # The outbox rows of the whole batch commit (or roll back) with its outcomes.
         deliveries = webhook_outbox.enqueue([t for t, _o in ended], now=now)
         _give_back_slots([t for t, _o in ended])
-    fanout.after_changes([t for t, _o in ended])
-    finished = Finished(o.pk in won for _t, o in runs)
-    finished.deliveries = deliveries
-    return finished
+    return won, deliveries
+
+
+def _apply(task: Task, outcome: Outcome, *, now: dt.datetime) -> None:
+    """The in-memory ``task`` as its written ``outcome`` left the row."""
+    task.status, task.last_updated_at, task.finished_at = outcome.status, now, now
+    task.lease_expires_at = None
+    if outcome.message is not None:
+        task.status_message = outcome.message
+    if outcome.result is not None:
+        task.result = outcome.result
+    if outcome.error is not None:
+        task.error = outcome.error
 
 
 def _ended(*, tasks: list[Task], messages: dict[int, str | None], statuses: dict[int, str]) -> None:

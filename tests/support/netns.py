@@ -40,7 +40,7 @@ from typing import Any
 from tests.support.lost_host import HOST_ENV, Host
 from tests.support.pgbouncer_proc import PrivatePgBouncer
 from tests.support.sentinel_proc import PrivateSentinel
-from tests.support.servers import WEB_SERVERS, Proc, Stack, free_port, wait_healthy
+from tests.support.servers import WEB_SERVERS, Proc, Stack, descendants, free_port, wait_healthy
 
 PREFIX = "mtn"
 STATE_DIR = Path("/run/mcptasks-netns")
@@ -260,19 +260,6 @@ def services(stack: Stack, addr: str, *, pool_size: int = 8) -> Iterator[Service
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _descendants(pids: list[int]) -> list[int]:
-    """``pids`` and every process below them (granian's worker processes), from /proc."""
-    parent: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            parent[int(stat.parent.name)] = int(fields[1])
-    found = list(pids)
-    for pid in found:  # grows while iterating: breadth-first
-        found.extend(child for child, ppid in parent.items() if ppid == pid and child not in found)
-    return found
-
-
 class LostHost(Host):
     """A host that can be lost the hard way: frozen (SIGSTOP) and, in a namespace, cut off.
 
@@ -295,7 +282,7 @@ class LostHost(Host):
         """Every process of the host."""
         if self.ns is not None:
             return self.ns.pids()
-        return _descendants([self.web.popen.pid, self.worker.popen.pid])
+        return descendants([self.web.popen.pid, self.worker.popen.pid])
 
     def _signal(self, pids: list[int], sig: signal.Signals) -> None:
         for pid in pids:

@@ -7,6 +7,7 @@ them. Without, one SQLite file and the in-memory layer: a single daphne with its
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -258,3 +259,16 @@ def make_stack(tmp: Path) -> tuple[Stack, Any]:
             drop()
 
     return stack, teardown
+
+
+def descendants(pids: list[int]) -> list[int]:
+    """``pids`` and every process below them (granian's worker processes), from /proc."""
+    parent: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parent[int(stat.parent.name)] = int(fields[1])
+    found = list(pids)
+    for pid in found:  # grows while iterating: breadth-first
+        found.extend(child for child, ppid in parent.items() if ppid == pid and child not in found)
+    return found

@@ -1,0 +1,168 @@
+"""A worker's batch of outcomes on PostgreSQL: one statement, the same rows as the ORM transaction.
+
+:func:`mcptasks.tasks.transitions.finish_runs` writes the outcomes, drops the unanswered input
+requests, appends the audit events and gives the quota slots back in one statement
+(``mcptasks/models/finishsql.py``) run in autocommit, so no lock (a limited tenant's counter row
+included) outlives it and no transaction waits on the worker. These tests hold it to the ORM
+transaction's guarantees.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from mcptasks.models import AuditEvent, Outcome, Task, TaskMessage
+from mcptasks.tasks import fanout, transitions
+from tenants import quotas
+from tenants.models import Principal, Tenant
+from tenants.selectors import clear_limits_cache
+from tests.support.factories import in_thread_db, make_auth, make_session, make_task
+from tests.support.requirements import require_postgres
+from tests.support.row_locks import counter_rows_held
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(autouse=True)
+def _postgres(settings: Any) -> None:
+    require_postgres()
+    settings.TENANTS = {**settings.TENANTS, "TASK_MAX_CONCURRENT": 0}
+    clear_limits_cache()
+
+
+@contextmanager
+def _statements() -> Iterator[list[tuple[str, bool]]]:
+    """Every statement this thread's connection runs inside, with whether a transaction was open."""
+    seen: list[tuple[str, bool]] = []
+
+    def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append((sql, connection.in_atomic_block))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        yield seen
+
+
+def _claimed(task: Task) -> Task:
+    """``task`` as a worker's run of attempt 1 holds it."""
+    Task.objects.filter(pk=task.pk).update(attempt=1, worker_id="w")
+    task.refresh_from_db()
+    return task
+
+
+def test_a_batch_is_one_statement_in_autocommit_with_every_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outcome, dropped input request, audit event and slot release: one statement, no transaction."""
+    tenant = Tenant.objects.create(slug="limited", max_concurrent_tasks=5)
+    auth = make_auth(tenant)
+    session = make_session(auth)
+    done, failed = (_claimed(make_task(auth, session)) for _ in range(2))
+    TaskMessage.objects.create(task=failed, rpc_id="rpc-pending", method="elicitation/create", params={})
+    assert Tenant.objects.get(pk=tenant.pk).active_tasks == 2
+    told: list[list[str]] = []
+    monkeypatch.setattr(fanout, "after_changes", lambda tasks: told.append([t.task_id for t in tasks]))
+    runs = [
+        (done, Outcome(pk=done.pk, attempt=1, status="completed", result={"content": [{"type": "text", "text": "ok"}]})),
+        (failed, Outcome(pk=failed.pk, attempt=1, status="failed", message="boom",
+                         error={"code": -32603, "message": "boom"})),
+    ]
+    with _statements() as seen:
+        assert transitions.finish_runs(runs=runs) == [True, True]
+    assert len(seen) == 1, [sql for sql, _ in seen]
+    assert seen[0][1] is False  # autocommit: its locks end with the statement
+    assert told == [[done.task_id, failed.task_id]]
+    assert Tenant.objects.get(pk=tenant.pk).active_tasks == 0
+    assert Principal.objects.get(pk=auth.principal_id).active_tasks == 0
+    assert not TaskMessage.objects.filter(task=failed).exists()
+    rows = {t.pk: t for t in Task.objects.filter(pk__in=[done.pk, failed.pk])}
+    assert rows[done.pk].result == {"content": [{"type": "text", "text": "ok"}]} and rows[done.pk].error is None
+    assert rows[failed.pk].status_message == "boom" and rows[failed.pk].error == {"code": -32603, "message": "boom"}
+    assert rows[done.pk].finished_at == rows[done.pk].last_updated_at and rows[done.pk].lease_expires_at is None
+    # The in-memory tasks the fan-out is given are the rows as written.
+    assert done.status == "completed" and failed.status_message == "boom"
+    events = dict(AuditEvent.objects.filter(task_id__in=[done.task_id, failed.task_id], action__startswith="task.")
+                  .exclude(action="task.create").values_list("task_id", "data"))
+    assert events == {done.task_id: {}, failed.task_id: {"statusMessage": "boom"}}
+
+
+def test_a_superseded_or_ended_run_writes_nothing_and_keeps_its_slot() -> None:
+    tenant = Tenant.objects.create(slug="limited2", max_concurrent_tasks=5)
+    auth = make_auth(tenant)
+    session = make_session(auth)
+    superseded, cancelled = (_claimed(make_task(auth, session)) for _ in range(2))
+    Task.objects.filter(pk=superseded.pk).update(attempt=2)
+    transitions.cancel_task(auth=auth, task_id=cancelled.task_id)
+    runs = [(t, Outcome(pk=t.pk, attempt=1, status="completed", result={"content": []})) for t in (superseded, cancelled)]
+    assert transitions.finish_runs(runs=runs) == [False, False]
+    assert Task.objects.get(pk=superseded.pk).status == "working"
+    assert Task.objects.get(pk=cancelled.pk).result is None
+    assert Tenant.objects.get(pk=tenant.pk).active_tasks == 1  # the superseded run's slot stays taken
+    assert not AuditEvent.objects.filter(task_id=superseded.task_id, action="task.completed").exists()
+
+
+def test_a_tenant_without_limits_locks_no_counter_row() -> None:
+    """Its counter rows held by another transaction do not delay the finish."""
+    auth = make_auth()
+    task = _claimed(make_task(auth))
+    with counter_rows_held(tenant_id=auth.tenant_id, principal_id=auth.principal_id):
+        started = time.monotonic()
+        written = in_thread_db(lambda: transitions.finish_runs(
+            runs=[(task, Outcome(pk=task.pk, attempt=1, status="completed", result={"content": []}))]))
+        result: list[Any] = []
+        runner = threading.Thread(target=lambda: result.append(written()))
+        runner.start()
+        runner.join(5)
+        assert result == [[True]], "the finish waited for the tenant's counter rows"
+        assert time.monotonic() - started < 5
+
+
+def test_counters_stay_exact_when_batches_race_each_other_and_creations() -> None:
+    """Batches of two limited tenants in random orders, the same task in several batches, and
+    creations of both tenants at once: no deadlock, no slot given back twice, counters exact."""
+    tenants = [Tenant.objects.create(slug=f"race{i}", max_concurrent_tasks=60, max_concurrent_tasks_per_principal=40)
+               for i in range(2)]
+    auths = [make_auth(t) for t in tenants for _ in range(2)]
+    tasks = [_claimed(make_task(a)) for a in auths for _ in range(12)]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(8)
+
+    def finisher(seed: int) -> None:
+        rng = random.Random(seed)  # noqa: S311 - test data
+        barrier.wait(10)
+        for _ in range(6):
+            batch = rng.sample(tasks, 10)
+            try:
+                transitions.finish_runs(runs=[(Task.objects.get(pk=t.pk), Outcome(pk=t.pk, attempt=1,
+                                         status="completed", result={"content": []})) for t in batch])
+            except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+                errors.append(exc)
+
+    def creator(i: int) -> None:
+        barrier.wait(10)
+        for _ in range(6):
+            try:
+                make_task(auths[i % len(auths)])
+            except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+                errors.append(exc)
+
+    threads = [threading.Thread(target=in_thread_db(lambda i=i: finisher(i))) for i in range(5)]
+    threads += [threading.Thread(target=in_thread_db(lambda i=i: creator(i))) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    finished = AuditEvent.objects.filter(task_id__in=[t.task_id for t in tasks], action="task.completed")
+    assert finished.count() == Task.objects.filter(pk__in=[t.pk for t in tasks], status="completed").count()
+    assert finished.count() == len({e for e in finished.values_list("task_id", flat=True)})  # once each
+    for tenant in tenants:
+        live = Task.objects.filter(tenant=tenant).exclude(status__in=["completed", "failed", "cancelled"]).count()
+        assert Tenant.objects.get(pk=tenant.pk).active_tasks == live
+    assert quotas.recount_active_tasks() == 0  # every principal's counter was exact too
