@@ -178,7 +178,8 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def run_round(name: str, urls: list[str], token: str, args: argparse.Namespace, pids: Any) -> dict[str, Any]:
-    """One round of the load against ``urls``; ``pids()`` lists the processes whose CPU is counted."""
+    """One round of the load against ``urls``; ``pids()`` maps each role (web, worker, postgres,
+    peer) to the processes whose CPU is counted."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     per = [args.callers // args.procs + (1 if i < args.callers % args.procs else 0) for i in range(args.procs)]
@@ -188,11 +189,15 @@ def run_round(name: str, urls: list[str], token: str, args: argparse.Namespace, 
     for p in procs:
         p.start()
     time.sleep(max(0.0, start_at - time.time()))
-    before = _cpu_ticks(pids())
+    roles_before = pids()
+    before = _cpu_ticks([pid for group in roles_before.values() for pid in group])
     window_start = time.monotonic()
     window_end = window_start + args.seconds
     time.sleep(args.seconds)
-    after = _cpu_ticks(list(set(pids()) | set(before)))
+    roles = pids()
+    for role, group in roles_before.items():
+        roles[role] = list(set(roles.get(role, [])) | set(group))
+    after = _cpu_ticks([pid for group in roles.values() for pid in group])
     load = Path("/proc/loadavg").read_text().split()[:3]
     results = [queue.get(timeout=args.seconds + 120) for _ in procs]
     for p in procs:
@@ -201,10 +206,13 @@ def run_round(name: str, urls: list[str], token: str, args: argparse.Namespace, 
     failures = [f for _, fs in results for f in fs]
     cpu_s = sum(after[pid] - before.get(pid, 0) for pid in after) / TICK
     n = len(rows)
+    by_role = {role: sum(after.get(pid, 0) - before.get(pid, 0) for pid in group) / TICK * 1000 / n if n else 0.0
+               for role, group in roles.items()}
     stats = {
         "name": name, "tasks": n, "per_s": n / args.seconds, "failures": failures,
         "create": [r[1] for r in rows], "c2t": [r[2] for r in rows], "seen": [r[3] for r in rows],
         "e2e": [r[4] for r in rows], "cpu_ms_per_task": cpu_s * 1000 / n if n else float("nan"), "load": load,
+        "cpu_by_role": by_role,
     }
     _print(stats)
     return stats
@@ -217,6 +225,9 @@ def _print(s: dict[str, Any]) -> None:
     print(f"  {s['name']:<9} {s['tasks']:5d} tasks = {s['per_s']:6.1f}/s | create {pp('create')} | "
           f"created->terminal {pp('c2t')} | terminal->seen {pp('seen')} | end-to-end {pp('e2e')} | "
           f"CPU {s['cpu_ms_per_task']:.1f} ms/task | load {' '.join(s['load'])}", flush=True)
+    if len(s.get("cpu_by_role", {})) > 1:
+        print("    CPU ms/task by role: " + ", ".join(f"{role} {ms:.1f}" for role, ms in s["cpu_by_role"].items()),
+              flush=True)
     if s["failures"]:
         print(f"    {len(s['failures'])} failures, e.g. {s['failures'][0]}", flush=True)
 
@@ -232,7 +243,9 @@ def _summary(all_stats: list[dict[str, Any]]) -> None:
                             "per_s": statistics.mean(r["per_s"] for r in runs),
                             "failures": [f for r in runs for f in r["failures"]],
                             "cpu_ms_per_task": statistics.mean(r["cpu_ms_per_task"] for r in runs),
-                            "load": runs[-1]["load"]}
+                            "load": runs[-1]["load"],
+                            "cpu_by_role": {role: statistics.mean(r["cpu_by_role"].get(role, 0.0) for r in runs)
+                                            for role in runs[0]["cpu_by_role"]}}
         for key in ("create", "c2t", "seen", "e2e"):
             m[key] = [v for r in runs for v in r[key]]
         _print(m)
@@ -268,7 +281,7 @@ def phases(dsn: str) -> str:
             f"claimed -> finished p50 {statistics.median(run):.0f} / p99 {_pct(run, 0.99):.0f} ms")
 
 
-def _start_service(repo: Path, concurrency: int, server: str) -> tuple[Any, str, list[str], list[int]]:
+def _start_service(repo: Path, concurrency: int, server: str) -> tuple[Any, str, list[str], dict[str, list[int]]]:
     """A stack of ``repo``'s code: 2 web processes under ``server`` + 2 workers, the bench tenant
     without limits or rates."""
     from tests.support import servers
@@ -276,7 +289,7 @@ def _start_service(repo: Path, concurrency: int, server: str) -> tuple[Any, str,
     servers.REPO = repo  # the processes (and manage.py) run in that checkout
     work = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
     stack, teardown = make_stack(work)
-    stack.teardown = teardown
+    stack.teardown = teardown  # type: ignore[attr-defined]  # kept with the stack for the end of the run
     for key in ("MCPTASKS_ALLOW_ANONYMOUS", *FAST_SETTINGS):
         stack.env.pop(key, None)
     stack.env["DEBUG"] = "0"
@@ -288,7 +301,8 @@ def _start_service(repo: Path, concurrency: int, server: str) -> tuple[Any, str,
     webs = [stack.web(server=server, embedded_worker=False) for _ in range(2)]
     workers = [stack.worker(concurrency=concurrency) for _ in range(2)]
     # granian runs the application in a child process: its CPU counts too.
-    return stack, token, [w.url for w in webs], descendants([p.popen.pid for p in webs + workers])
+    return stack, token, [w.url for w in webs], {"web": descendants([p.popen.pid for p in webs]),
+                                                 "worker": [p.popen.pid for p in workers]}
 
 
 def start_peer() -> tuple[subprocess.Popen[bytes], str]:
@@ -322,7 +336,7 @@ def main() -> None:
     if not os.environ.get("DATABASE_URL", "").startswith("postgres") or not os.environ.get("REDIS_URL"):
         sys.exit("set DATABASE_URL (PostgreSQL) and REDIS_URL")
 
-    stacks: dict[str, tuple[Any, str, list[str], list[int]]] = {}
+    stacks: dict[str, tuple[Any, str, list[str], dict[str, list[int]]]] = {}
     peer = None
     try:
         if args.only != "peer":
@@ -340,9 +354,9 @@ def main() -> None:
             for name, (stack, token, urls, pids) in stacks.items():
                 dsn = stack.env["DATABASE_URL"]
                 stats.append(run_round(name, urls, token, args,
-                                       lambda pids=pids, dsn=dsn: pids + _pg_backends(dsn)))  # type: ignore[misc]
+                                       lambda pids=pids, dsn=dsn: {**pids, "postgres": _pg_backends(dsn)}))
             if args.only != "service":
-                stats.append(run_round("peer", [peer_url], "", args, lambda: [peer.pid]))  # type: ignore[union-attr]
+                stats.append(run_round("peer", [peer_url], "", args, lambda: {"peer": [peer.pid]}))
         _summary(stats)
         time.sleep(2)
         for name, (stack, _t, _u, _p) in stacks.items():

@@ -89,9 +89,48 @@ def publish(*, session_id: str, stream_id: str, message: dict[str, Any]) -> str:
     """
     data = json.dumps(message, separators=(",", ":"))
     event = _append(session_id=session_id, stream_id=stream_id, data=data)
-    push = {"type": "stream.event", "event_id": event.event_id, "seq": event.seq, "data": data}
-    transaction.on_commit(lambda: send(stream_group(stream_id), push))
+    group, push = push_of(stream_id=stream_id, seq=event.seq, data=data)
+    transaction.on_commit(lambda: send(group, push))
     return event.event_id
+
+
+def push_of(*, stream_id: str, seq: int, data: str) -> tuple[str, dict[str, Any]]:
+    """The channel-layer message that hands a stored event to its stream's connection, and its group."""
+    return stream_group(stream_id), {"type": "stream.event", "event_id": f"{stream_id}.{seq}", "seq": seq,
+                                     "data": data}
+
+
+def one_statement_publish_sql(*, notes: str, now: str, cap: str) -> str:
+    """CTEs storing events inside a larger PostgreSQL statement: :func:`publish_many`'s work.
+
+    ``notes`` names a CTE of the statement with the columns ``ord`` (order within a stream),
+    ``session_id``, ``stream`` and ``data`` (the JSON text); ``now`` and ``cap`` are the placeholders
+    of the time and ``MCPTASKS_STREAM_MAX_EVENTS``. The streams' cursors are locked in key order
+    and advanced once per stream; the events take the numbers after them in ``ord`` order, and
+    each stream keeps its newest ``cap`` events. A stream without a cursor row gets nothing here:
+    the CTE ``pub_advanced`` lacks it, and the caller publishes those notes with
+    :func:`publish_many` (a stream's first event is rare). ``pub_stored`` returns each stored
+    event's ``stream_id``, ``seq`` and ``data``. The CTEs end without a comma.
+    """
+    from django.db import connection
+
+    q = connection.ops.quote_name
+    cursors, events = q(StreamCursor._meta.db_table), q(StreamEvent._meta.db_table)
+    # Identifiers come from the models' metadata; the caller binds every value.
+    return (
+        f"pub_counts AS (SELECT stream, count(*) AS n FROM {notes} GROUP BY stream), "  # noqa: S608
+        f"pub_locked AS MATERIALIZED (SELECT c.stream_id FROM {cursors} c "
+        "WHERE c.stream_id IN (SELECT stream FROM pub_counts) ORDER BY c.stream_id FOR NO KEY UPDATE), "
+        f"pub_advanced AS (UPDATE {cursors} c SET last_seq = c.last_seq + pc.n, updated_at = {now} "
+        "FROM pub_counts pc WHERE c.stream_id = pc.stream AND c.stream_id IN (SELECT stream_id FROM pub_locked) "
+        "RETURNING c.stream_id, c.last_seq AS last, pc.n), "
+        f"pub_stored AS (INSERT INTO {events} (session_id, stream_id, seq, data, created_at) "
+        "SELECT n.session_id, n.stream, a.last - a.n + row_number() OVER (PARTITION BY n.stream ORDER BY n.ord), "
+        f"n.data, {now} FROM {notes} n JOIN pub_advanced a ON a.stream_id = n.stream "
+        "RETURNING stream_id, seq, data), "
+        f"pub_trimmed AS (DELETE FROM {events} e USING pub_advanced a WHERE CAST({cap} AS INTEGER) > 0 "
+        f"AND e.stream_id = a.stream_id AND e.seq <= a.last - CAST({cap} AS INTEGER))"
+    )
 
 
 def publish_many(
@@ -141,8 +180,7 @@ def publish_many(
                 drop |= Q(stream_id=s, seq__lte=seqs[s] - cap)
             StreamEvent.objects.filter(drop).delete()
         pushes = [
-            (stream_group(stream_id), {"type": "stream.event", "event_id": event_id,
-                                       "seq": int(event_id.rpartition(".")[2]), "data": data})
+            push_of(stream_id=stream_id, seq=int(event_id.rpartition(".")[2]), data=data)
             for (_s, stream_id, _m), data, event_id in zip(items, datas, ids, strict=True)
         ]
         transaction.on_commit(lambda: send_many(pushes, list(signals)))

@@ -4,6 +4,7 @@ request's response on its POST stream, and the task's signal (waiters, its runne
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any
 
 from mcptasks.models import McpSession, Task
@@ -73,6 +74,47 @@ def after_changes(tasks: list[Task]) -> None:
         elif task.is_terminal and task.stream_id:
             items.append((task.session_id, task.stream_id, wire.request_outcome_message(task)))
     events.publish_many(items, signals=[signals.task_signal(t.task_id, "changed", status=t.status) for t in tasks])
+
+
+def notes_for(tasks: list[Task]) -> list[tuple[str | None, str | None]]:
+    """What :func:`after_changes` would store for each of ``tasks`` (as they will be once changed),
+    for a statement that stores it with the change itself (:mod:`mcptasks.tasks.finishsql`).
+
+    Per task: the JSON text of its message (None: none) and the stream it goes on when the
+    task has no stream bound at write time (None: only a bound stream gets it; a plain
+    request's response goes only on its own POST stream).
+    """
+    notes: list[tuple[str | None, str | None]] = []
+    for task in tasks:
+        if task.kind == Task.Kind.TASK and task.session_id:
+            default = None if _is_request_session(task.session_id) else events.get_stream_id(task.session_id)
+            notes.append((_text(wire.status_notification(task)), default))
+        elif task.kind != Task.Kind.TASK and task.is_terminal and task.stream_id:
+            notes.append((_text(wire.request_outcome_message(task)), None))
+        else:
+            notes.append((None, None))
+    return notes
+
+
+def after_stored(*, tasks: list[Task], stored: list[tuple[str, int, str]],
+                 unstored: list[tuple[str, str, str]]) -> None:
+    """After a statement that changed ``tasks`` and stored their events (``(stream, seq, data)``):
+    the pushes, then the task signals, in one hop to the event loop, as :func:`after_changes`
+    sends them. ``unstored`` (``(session, stream, data)``: streams without a cursor row yet) are
+    published first, the usual way."""
+    task_signals = [signals.task_signal(t.task_id, "changed", status=t.status) for t in tasks]
+    pushes = [events.push_of(stream_id=stream, seq=seq, data=data) for stream, seq, data in stored]
+    if unstored:
+        signals.send_many(pushes, [])
+        events.publish_many([(session, stream, json.loads(data)) for session, stream, data in unstored],
+                            signals=task_signals)
+    else:
+        signals.send_many(pushes, task_signals)
+
+
+def _text(message: dict[str, Any]) -> str:
+    """A message as stored in a stream event (:func:`mcptasks.streams.events.publish_many`'s encoding)."""
+    return json.dumps(message, separators=(",", ":"))
 
 
 def _publish_request_outcome(task: Task) -> None:

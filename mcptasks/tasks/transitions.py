@@ -10,8 +10,10 @@ tells the waiters and the requestor.
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import logging
+from contextlib import nullcontext
 from typing import Any
 
 from django.db import connection, transaction
@@ -20,10 +22,10 @@ from django.utils import timezone
 
 from mcptasks import conf
 from mcptasks.audit import trail as audit
-from mcptasks.models import TERMINAL, McpSession, Outcome, Task, TaskStatus, finishsql
+from mcptasks.models import TERMINAL, McpSession, Outcome, Task, TaskStatus
 from mcptasks.protocol.errors import INTERNAL_ERROR, INVALID_PARAMS, McpError, cannot_cancel_message
 from mcptasks.streams import signals
-from mcptasks.tasks import auditing, fanout, selectors, webhook_outbox
+from mcptasks.tasks import auditing, fanout, finishsql, selectors, webhook_outbox
 from tenants import quotas
 from tenants.auth import AuthContext
 
@@ -96,41 +98,45 @@ def finish_runs(*, runs: list[tuple[Task, Outcome]]) -> Finished:
     What :func:`transition` does for one task, batched: the outcomes (a superseded or
     cancelled run writes nothing), the quota slots, the dead server->client requests and the
     audit events commit together; then waiters and requestors are told. On PostgreSQL that is
-    one statement (:mod:`~mcptasks.models.finishsql`) unless a tenant of the batch has webhook
-    endpoints, whose outbox rows the ORM transaction renders.
+    one statement (:mod:`~mcptasks.tasks.finishsql`), which also stores the stream events,
+    unless a tenant of the batch has webhook endpoints, whose outbox rows the ORM transaction
+    renders.
     """
     now = timezone.now()
-    won = _finish_statement(runs, now=now)
+    won = _finish_statement(runs, now=now) if connection.vendor == "postgresql" and runs else None
     deliveries = 0
     if won is None:
         won, deliveries = _finish_transaction(runs, now=now)
-    ended = [t for t, o in runs if o.pk in won]
-    fanout.after_changes(ended)
+        fanout.after_changes([t for t, o in runs if o.pk in won])
     finished = Finished(o.pk in won for _t, o in runs)
     finished.deliveries = deliveries
     return finished
 
 
 def _finish_statement(runs: list[tuple[Task, Outcome]], *, now: dt.datetime) -> set[int] | None:
-    """:func:`finish_runs`'s writes as one statement on PostgreSQL; None where it does not apply.
+    """:func:`finish_runs` as one statement, the fan-out's events included; None if a tenant of
+    the batch has webhook endpoints (nothing was written).
 
     In autocommit on a direct connection (no lock outlives the statement); behind a transaction
     pooler inside a transaction, where the timeouts are set per transaction.
     """
-    if connection.vendor != "postgresql" or not runs:
-        return None
+    changed = [copy.copy(task) for task, _o in runs]
+    for task, (_t, outcome) in zip(changed, runs, strict=True):
+        _apply(task, outcome, now=now)  # the notes show each task as its outcome leaves it
+    notes = fanout.notes_for(changed)
     outcomes = [o for _t, o in runs]
-    if connection.in_atomic_block or conf.get().DB_POOLER != "none":
-        with transaction.atomic():
-            pks = finishsql.finish(outcomes, now=now)
-    else:
-        pks = finishsql.finish(outcomes, now=now)
-    if pks is None:
+    with transaction.atomic() if connection.in_atomic_block or conf.get().DB_POOLER != "none" else nullcontext():
+        written = finishsql.finish(outcomes, now=now, notes=notes)
+    if written is None:
         return None
-    won = set(pks)
+    won = set(written.won)
+    ended = []
     for task, outcome in runs:
         if outcome.pk in won:
             _apply(task, outcome, now=now)
+            ended.append(task)
+    # After the commit (at once in autocommit), as after_changes sends them.
+    transaction.on_commit(lambda: fanout.after_stored(tasks=ended, stored=written.stored, unstored=written.unstored))
     return won
 
 

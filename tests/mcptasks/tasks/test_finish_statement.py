@@ -9,6 +9,7 @@ transaction's guarantees.
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -19,8 +20,9 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from mcptasks.models import AuditEvent, Outcome, Task, TaskMessage
-from mcptasks.tasks import fanout, transitions
+from mcptasks.models import AuditEvent, Outcome, StreamCursor, StreamEvent, Task, TaskMessage
+from mcptasks.streams import events, signals
+from mcptasks.tasks import transitions
 from tenants import quotas
 from tenants.models import Principal, Tenant
 from tenants.selectors import clear_limits_cache
@@ -59,37 +61,66 @@ def _claimed(task: Task) -> Task:
 
 
 def test_a_batch_is_one_statement_in_autocommit_with_every_write(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Outcome, dropped input request, audit event and slot release: one statement, no transaction."""
+    """Outcome, dropped input request, audit event, slot release and the requestor's stream
+    events: one statement, no transaction; the pushes and task signals follow it."""
     tenant = Tenant.objects.create(slug="limited", max_concurrent_tasks=5)
     auth = make_auth(tenant)
     session = make_session(auth)
     done, failed = (_claimed(make_task(auth, session)) for _ in range(2))
     TaskMessage.objects.create(task=failed, rpc_id="rpc-pending", method="elicitation/create", params={})
+    stream = events.get_stream_id(session.pk)
+    StreamCursor.objects.create(stream_id=stream, session_id=session.pk, last_seq=7)
     assert Tenant.objects.get(pk=tenant.pk).active_tasks == 2
-    told: list[list[str]] = []
-    monkeypatch.setattr(fanout, "after_changes", lambda tasks: told.append([t.task_id for t in tasks]))
+    sent: list[tuple[list[Any], list[Any]]] = []
+    monkeypatch.setattr(signals, "send_many", lambda pushes, sigs: sent.append((pushes, sigs)))
+    ok = {"content": [{"type": "text", "text": "ok"}]}
     runs = [
-        (done, Outcome(pk=done.pk, attempt=1, status="completed", result={"content": [{"type": "text", "text": "ok"}]})),
+        (done, Outcome(pk=done.pk, attempt=1, status="completed", result=ok)),
         (failed, Outcome(pk=failed.pk, attempt=1, status="failed", message="boom",
                          error={"code": -32603, "message": "boom"})),
     ]
     with _statements() as seen:
         assert transitions.finish_runs(runs=runs) == [True, True]
-    assert len(seen) == 1, [sql for sql, _ in seen]
-    assert seen[0][1] is False  # autocommit: its locks end with the statement
-    assert told == [[done.task_id, failed.task_id]]
+    # One statement writes (a read of the session's era, cached per process, may come first),
+    # outside any transaction: its locks end with it.
+    writes = [sql for sql, _ in seen if not sql.lstrip().startswith("SELECT")]
+    assert len(writes) == 1 and writes[0].lstrip().startswith("WITH"), writes
+    assert not any(in_transaction for _, in_transaction in seen)
     assert Tenant.objects.get(pk=tenant.pk).active_tasks == 0
     assert Principal.objects.get(pk=auth.principal_id).active_tasks == 0
     assert not TaskMessage.objects.filter(task=failed).exists()
     rows = {t.pk: t for t in Task.objects.filter(pk__in=[done.pk, failed.pk])}
-    assert rows[done.pk].result == {"content": [{"type": "text", "text": "ok"}]} and rows[done.pk].error is None
+    assert rows[done.pk].result == ok and rows[done.pk].error is None
     assert rows[failed.pk].status_message == "boom" and rows[failed.pk].error == {"code": -32603, "message": "boom"}
     assert rows[done.pk].finished_at == rows[done.pk].last_updated_at and rows[done.pk].lease_expires_at is None
-    # The in-memory tasks the fan-out is given are the rows as written.
-    assert done.status == "completed" and failed.status_message == "boom"
-    events = dict(AuditEvent.objects.filter(task_id__in=[done.task_id, failed.task_id], action__startswith="task.")
-                  .exclude(action="task.create").values_list("task_id", "data"))
-    assert events == {done.task_id: {}, failed.task_id: {"statusMessage": "boom"}}
+    assert done.status == "completed" and failed.status_message == "boom"  # the in-memory tasks as written
+    audited = dict(AuditEvent.objects.filter(task_id__in=[done.task_id, failed.task_id], action__startswith="task.")
+                   .exclude(action="task.create").values_list("task_id", "data"))
+    assert audited == {done.task_id: {}, failed.task_id: {"statusMessage": "boom"}}
+    # The status notifications, numbered after the cursor in the batch's order, then pushed.
+    stored = list(StreamEvent.objects.filter(stream_id=stream).order_by("seq").values_list("seq", "data"))
+    assert [seq for seq, _ in stored] == [8, 9]
+    assert [json.loads(data)["params"]["status"] for _, data in stored] == ["completed", "failed"]
+    assert StreamCursor.objects.get(stream_id=stream).last_seq == 9
+    assert len(sent) == 1
+    pushes, sigs = sent[0]
+    assert [p[1]["event_id"] for p in pushes] == [f"{stream}.8", f"{stream}.9"]
+    assert [p[1]["data"] for p in pushes] == [data for _, data in stored]
+    assert [s[1]["status"] for s in sigs] == ["completed", "failed"]
+
+
+def test_a_stream_without_a_cursor_gets_its_event_after_the_statement(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream's first event (no cursor row yet) is published the usual way, not lost."""
+    auth = make_auth()
+    session = make_session(auth)
+    task = _claimed(make_task(auth, session))
+    stream = events.get_stream_id(session.pk)
+    StreamCursor.objects.filter(stream_id=stream).delete()
+    StreamEvent.objects.filter(stream_id=stream).delete()
+    transitions.finish_runs(runs=[(task, Outcome(pk=task.pk, attempt=1, status="completed", result={"content": []}))])
+    stored = list(StreamEvent.objects.filter(stream_id=stream).values_list("seq", "data"))
+    assert [(seq, json.loads(data)["params"]["status"]) for seq, data in stored] == [(1, "completed")]
+    assert StreamCursor.objects.get(stream_id=stream).last_seq == 1
 
 
 def test_a_superseded_or_ended_run_writes_nothing_and_keeps_its_slot() -> None:
@@ -99,7 +130,8 @@ def test_a_superseded_or_ended_run_writes_nothing_and_keeps_its_slot() -> None:
     superseded, cancelled = (_claimed(make_task(auth, session)) for _ in range(2))
     Task.objects.filter(pk=superseded.pk).update(attempt=2)
     transitions.cancel_task(auth=auth, task_id=cancelled.task_id)
-    runs = [(t, Outcome(pk=t.pk, attempt=1, status="completed", result={"content": []})) for t in (superseded, cancelled)]
+    runs = [(t, Outcome(pk=t.pk, attempt=1, status="completed", result={"content": []}))
+            for t in (superseded, cancelled)]
     assert transitions.finish_runs(runs=runs) == [False, False]
     assert Task.objects.get(pk=superseded.pk).status == "working"
     assert Task.objects.get(pk=cancelled.pk).result is None

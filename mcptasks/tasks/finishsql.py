@@ -2,7 +2,8 @@
 :func:`mcptasks.tasks.transitions.finish_runs`).
 
 Data-modifying CTEs lock the runs' rows in key order, write each outcome where the run is still
-live at its attempt, drop the won tasks' unanswered input requests, append their audit events
+live at its attempt, drop the won tasks' unanswered input requests, append their audit events,
+store the stream events their changes owe (:func:`mcptasks.streams.events.one_statement_publish_sql`)
 and give their quota slots back (tenant rows, then principal rows, each in key order: the order
 creation and cancellation lock in, so they never deadlock). In autocommit the locks last only
 while the server runs the statement, never across a round trip to Python (issue 27: the ORM
@@ -17,14 +18,17 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connection
 
+from mcptasks import conf
 from mcptasks.models.audit import AuditEvent
 from mcptasks.models.status import LIVE
 from mcptasks.models.taskqueries import Outcome
 from mcptasks.models.tasks import Task, TaskMessage
+from mcptasks.streams import events
 from tenants import quotas
 from tenants.models import WebhookEndpoint
 
@@ -40,11 +44,13 @@ def _build() -> str:
         audit, hooks = q(AuditEvent._meta.db_table), q(WebhookEndpoint._meta.db_table)
         pk = q(str(Task._meta.pk.column))
         release = quotas.one_statement_release_sql(released="won", fallback="%(fallback)s")
+        publish = events.one_statement_publish_sql(notes="notes", now="%(now)s", cap="%(cap)s")
         _statement = f"""
             WITH input AS (
                 SELECT * FROM unnest(%(pks)s::bigint[], %(attempts)s::integer[], %(statuses)s::text[],
-                                     %(messages)s::text[], %(results)s::text[], %(errors)s::text[])
-                    AS i (pk, attempt, status, message, result, error)
+                                     %(messages)s::text[], %(results)s::text[], %(errors)s::text[],
+                                     %(notes)s::text[], %(default_streams)s::text[]) WITH ORDINALITY
+                    AS i (pk, attempt, status, message, result, error, note, default_stream, ord)
             ),
             hooked AS (
                 SELECT EXISTS (
@@ -68,7 +74,8 @@ def _build() -> str:
                 WHERE t.{pk} = i.pk AND t.{pk} IN (SELECT pk FROM locked)
                   AND t.{q("attempt")} = i.attempt AND t.{q("status")} = ANY(%(live)s::text[])
                 RETURNING t.{pk} AS pk, t.{q("tenant_id")} AS tenant_id, t.{q("principal_id")} AS principal_id,
-                          t.{q("task_id")} AS task_id, t.{q("kind")} AS kind, i.status, i.message
+                          t.{q("task_id")} AS task_id, t.{q("kind")} AS kind, i.status, i.message,
+                          t.{q("session_id")} AS session_id, t.{q("stream_id")} AS stream_id
             ),
             dropped AS (
                 DELETE FROM {message} m WHERE m.{q("task_id")} IN (SELECT pk FROM won)
@@ -85,19 +92,49 @@ def _build() -> str:
                        %(now)s, '', ''
                 FROM won w WHERE w.kind = %(task_kind)s
             ),
-            {release}
-            SELECT (SELECT hooked FROM hooked), ARRAY(SELECT pk FROM won)
+            {release},
+            notes AS (
+                SELECT i.ord, w.session_id, COALESCE(NULLIF(w.stream_id, ''), i.default_stream) AS stream,
+                       i.note AS data
+                FROM won w JOIN input i ON i.pk = w.pk
+                WHERE i.note IS NOT NULL AND COALESCE(NULLIF(w.stream_id, ''), i.default_stream) IS NOT NULL
+            ),
+            {publish}
+            SELECT (SELECT hooked FROM hooked), ARRAY(SELECT pk FROM won),
+                   ARRAY(SELECT stream_id FROM pub_stored ORDER BY stream_id, seq),
+                   ARRAY(SELECT seq FROM pub_stored ORDER BY stream_id, seq),
+                   ARRAY(SELECT data FROM pub_stored ORDER BY stream_id, seq),
+                   ARRAY(SELECT session_id FROM notes WHERE stream NOT IN (SELECT stream_id FROM pub_advanced)
+                         ORDER BY ord),
+                   ARRAY(SELECT stream FROM notes WHERE stream NOT IN (SELECT stream_id FROM pub_advanced)
+                         ORDER BY ord),
+                   ARRAY(SELECT data FROM notes WHERE stream NOT IN (SELECT stream_id FROM pub_advanced)
+                         ORDER BY ord)
         """  # noqa: S608
     return _statement
 
 
-def finish(outcomes: list[Outcome], *, now: dt.datetime) -> list[int] | None:
-    """Write ``outcomes`` in one statement; the pks whose outcome was written.
+@dataclass
+class Written:
+    """What :func:`finish` wrote: the pks whose outcome was written, the stream events stored with
+    them as ``(stream_id, seq, data)`` in stream order, and the notes whose stream had no cursor
+    row yet as ``(session_id, stream_id, data)`` (not stored: the caller publishes them)."""
 
-    None when nothing was written because a task of the batch belongs to a tenant with an
-    enabled webhook endpoint (the caller writes the batch in the ORM transaction instead).
-    Call outside a transaction on a direct connection (autocommit), or inside one behind a
-    transaction pooler.
+    won: list[int]
+    stored: list[tuple[str, int, str]] = field(default_factory=list)
+    unstored: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+def finish(outcomes: list[Outcome], *, now: dt.datetime,
+           notes: list[tuple[str | None, str | None]]) -> Written | None:
+    """Write ``outcomes`` in one statement, with the stream event each written one owes.
+
+    ``notes`` gives, per outcome, the JSON text of the message its change puts on a stream and
+    the stream it goes to when the task has no stream bound (None: only a bound one), as
+    :func:`mcptasks.tasks.fanout.notes_for` computes them. None when nothing was written because
+    a task of the batch belongs to a tenant with an enabled webhook endpoint (the caller writes
+    the batch in the ORM transaction instead). Call outside a transaction on a direct connection
+    (autocommit), or inside one behind a transaction pooler.
     """
     params: dict[str, Any] = {
         "pks": [o.pk for o in outcomes],
@@ -106,17 +143,21 @@ def finish(outcomes: list[Outcome], *, now: dt.datetime) -> list[int] | None:
         "messages": [o.message for o in outcomes],
         "results": [_json(o.result) for o in outcomes],
         "errors": [_json(o.error) for o in outcomes],
+        "notes": [note for note, _stream in notes],
+        "default_streams": [stream for _note, stream in notes],
         "live": list(LIVE),
         "now": now,
         "task_kind": Task.Kind.TASK.value,
         "fallback": quotas.default_tenant_limit(),
+        "cap": conf.get().STREAM_MAX_EVENTS,
     }
     with connection.cursor() as cur:
         cur.execute(_build(), params)
-        hooked, won = cur.fetchone()
+        hooked, won, streams, seqs, datas, sessions, unstored_streams, unstored_datas = cur.fetchone()
     if hooked:
         return None
-    return list(won)
+    return Written(won=list(won), stored=list(zip(streams, seqs, datas, strict=True)),
+                   unstored=list(zip(sessions, unstored_streams, unstored_datas, strict=True)))
 
 
 def _json(value: dict[str, Any] | None) -> str | None:
