@@ -195,9 +195,10 @@ def signal_task(task_id: str, event: str, *, worker_id: str | None = None, **ext
     flag, a request waiting for its answer polls): a stale ``worker_id`` only costs latency.
     """
     group, message = task_signal(task_id, event, **extra)
-    send(group, message)
     if worker_id:
-        send(worker_group(worker_id), message)
+        send_many([], [(group, message), (worker_group(worker_id), message)])  # one hop to the loop
+    else:
+        send(group, message)
 
 
 def wake_workers() -> None:

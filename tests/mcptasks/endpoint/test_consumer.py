@@ -240,8 +240,8 @@ async def test_database_outage_is_a_503_with_retry_after(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(selectors, "get_task", unavailable)
     # The hop-free reads (PostgreSQL) fail too, then fall back to the (failing) ORM.
-    real = fastreads._conninfo
-    monkeypatch.setattr(fastreads, "_conninfo", lambda: {**real(), "host": "127.0.0.1", "port": 1})
+    real = fastreads.conninfo
+    monkeypatch.setattr(fastreads, "conninfo", lambda: {**real(), "host": "127.0.0.1", "port": 1})
     await fastreads.close()
     response = await post({"jsonrpc": "2.0", "id": 5, "method": "tasks/get", "params": {"taskId": "abc"}}, headers)
     assert response["status"] == 503

@@ -209,8 +209,8 @@ def test_task_listing_pages_match_the_orm_selector() -> None:
 def test_a_failing_async_connection_falls_back_to_the_orm(monkeypatch: pytest.MonkeyPatch) -> None:
     owner = make_auth()
     task = make_task(owner)
-    real = fastreads._conninfo
-    monkeypatch.setattr(fastreads, "_conninfo", lambda: {**real(), "port": 1})
+    real = fastreads.conninfo
+    monkeypatch.setattr(fastreads, "conninfo", lambda: {**real(), "port": 1})
 
     async def read() -> Task:
         try:
