@@ -15,6 +15,7 @@ from django.db import connection
 from django.db.models import QuerySet
 from django.db.models.expressions import RawSQL
 
+from mcptasks.db import prepared
 from mcptasks.models.sessions import McpSession
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ def claim_statement(base: TaskQuerySet, *, worker_id: str, limit: int, now: dt.d
         list(held), list(held.values()), *probe_params, *cand_params, limit * RANKED_PER_SLOT,
         *locked_params, tenant_cap, tenant_cap, limit, worker_id, lease_until, now,
     )
-    with connection.cursor() as cur:
+    with prepared.cursor() as cur:
         cur.execute(sql, params)
         rows = cur.fetchall()
     limited_waiting = bool(rows and rows[0][0])

@@ -24,6 +24,7 @@ from typing import Any
 from django.db import connection
 
 from mcptasks import conf
+from mcptasks.db import prepared
 from mcptasks.models.audit import AuditEvent
 from mcptasks.models.status import LIVE
 from mcptasks.models.taskqueries import Outcome
@@ -151,7 +152,7 @@ def finish(outcomes: list[Outcome], *, now: dt.datetime,
         "fallback": quotas.default_tenant_limit(),
         "cap": conf.get().STREAM_MAX_EVENTS,
     }
-    with connection.cursor() as cur:
+    with prepared.cursor() as cur:  # prepared once per connection: planning cost as much as running
         cur.execute(_build(), params)
         hooked, won, streams, seqs, datas, sessions, unstored_streams, unstored_datas = cur.fetchone()
     if hooked:

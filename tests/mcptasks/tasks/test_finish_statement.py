@@ -198,3 +198,29 @@ def test_counters_stay_exact_when_batches_race_each_other_and_creations() -> Non
         live = Task.objects.filter(tenant=tenant).exclude(status__in=["completed", "failed", "cancelled"]).count()
         assert Tenant.objects.get(pk=tenant.pk).active_tasks == live
     assert quotas.recount_active_tasks() == 0  # every principal's counter was exact too
+
+
+def _prepared_finishes() -> int:
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s", ["%pub_stored%"])
+        return int(cur.fetchone()[0])
+
+
+def test_the_statement_is_prepared_once_per_connection_without_a_pooler(settings: Any) -> None:
+    """Planning it cost as much as running it: directly against PostgreSQL the server keeps it
+    prepared; behind a transaction pooler nothing is prepared (another server connection, or
+    another client, could get the name)."""
+    auth = make_auth()
+    session = make_session(auth)
+    settings.MCPTASKS = {**settings.MCPTASKS, "DB_POOLER": "transaction"}
+    for _ in range(2):
+        task = _claimed(make_task(auth, session))
+        transitions.finish_runs(runs=[(task, Outcome(pk=task.pk, attempt=1, status="completed", result={}))])
+    assert _prepared_finishes() == 0
+    settings.MCPTASKS = {**settings.MCPTASKS, "DB_POOLER": "none"}
+    for _ in range(3):
+        task = _claimed(make_task(auth, session))
+        assert transitions.finish_runs(runs=[(task, Outcome(pk=task.pk, attempt=1, status="completed",
+                                                            result={"content": []}))]) == [True]
+    assert _prepared_finishes() == 1
+    assert Task.objects.filter(session_id=session.pk, status="completed").count() == 5

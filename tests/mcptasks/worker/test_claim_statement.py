@@ -134,3 +134,25 @@ def test_the_claim_statement_runs_in_autocommit_without_a_transaction(settings: 
     with connection.execute_wrapper(record):
         assert [t.task_id for t in _claim("w2", 1)] == [rows[1].task_id]
     assert [s for s in seen if s[0] == "WITH"] == [("WITH", True, False)]
+
+
+@pytest.mark.django_db
+def test_the_prepared_claim_returns_the_same_rows(settings: Any) -> None:
+    """Without a pooler the statement is prepared on the server (``mcptasks.db.prepared``): its
+    rows come back typed as through Django's cursor (JSON decoded, aware times)."""
+    settings.MCPTASKS = {**settings.MCPTASKS, "DB_POOLER": "none"}
+    auth = make_auth()
+    session = make_session(auth)
+    session.client_capabilities = {"sampling": {}}
+    session.save()
+    rows = [task_row("plain", auth=auth) for _ in range(2)]
+    Task.objects.filter(pk__in=[r.pk for r in rows]).update(session_id=session.pk)
+    claimed = _claim("w1", 1) + _claim("w1", 1)
+    assert [t.task_id for t in claimed] == [r.task_id for r in rows]
+    for t in claimed:
+        assert t.params == {"name": "plain", "arguments": {}} and t.client_caps == {"sampling": {}}
+        assert t.lease_expires_at is not None and t.lease_expires_at.tzinfo is not None
+        assert (t.tenant_slug, t.principal_ident) == (auth.tenant_slug, auth.principal_name)
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s", ["%picked AS MATERIALIZED%"])
+        assert cur.fetchone()[0] >= 1
