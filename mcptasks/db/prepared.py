@@ -1,20 +1,25 @@
-"""A Django cursor whose statements PostgreSQL prepares: for the worker's large hot statements.
+"""The worker's large hot statements, prepared on the server where that is safe.
 
 The claim and finish statements (:mod:`mcptasks.models.claimsql`, :mod:`mcptasks.tasks.finishsql`)
-are a dozen CTEs each. Django's cursor binds parameters on the client, so the server parses and
-plans them on every execution; planning the finish statement costs about as much as running it
-(``bench/RESULTS.md``, issue 27). This cursor binds on the server and asks psycopg to prepare
-each statement on the connection once, then execute the prepared statement.
+are a dozen CTEs each. Through Django's cursor the parameters are bound on the client, so the
+server parses and plans them on every execution (planning the finish statement cost about as
+much as running it, ``bench/RESULTS.md``, issue 27), and psycopg re-parses their text for
+placeholders every time (it caches that only for statements under 4 kB). :func:`fetchall` runs
+such a statement, written with ``%(name)s`` placeholders, as a server-side prepared statement:
+its text is numbered (``$1``...) once per process and the server plans it once per connection.
 
 Directly against PostgreSQL only: behind a transaction pooler consecutive transactions may run
 on different server connections, which do not know each other's prepared statements (and a
-name could reach another client's statement). There, and on other databases, it is Django's
-usual cursor, and so it is while queries are logged (``DEBUG``, tests that capture them). Either
-way the cursor is Django's wrapper: errors are Django's and execute wrappers see the statement.
+name could reach another client's statement). There, on other databases and while queries are
+logged (``DEBUG``, tests that capture them: a prepared execution has no SQL text to log), it is
+Django's usual cursor. Either way it is Django's cursor wrapper: errors are Django's and
+execute wrappers see the statement.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from typing import Any
 
 from mcptasks import conf
@@ -22,46 +27,67 @@ from mcptasks import conf
 #: psycopg's count of executions before it prepares a statement by itself: never reached.
 _NEVER_BY_COUNT = 2**31 - 1
 
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
 
-def cursor() -> Any:
-    """A cursor of the default connection (use as a context manager, like ``connection.cursor()``)."""
+#: Statement text -> (numbered text, parameter names in number order). The statements are a few
+#: fixed texts built from model metadata, so this stays small.
+_numbered: dict[str, tuple[str, list[str]]] = {}
+
+_cursor_class: type | None = None
+
+
+def fetchall(sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    """Run ``sql`` (``%(name)s`` placeholders, ``%%`` for a percent sign) with ``params``; its rows."""
     from django.db import connection
 
     if connection.vendor != "postgresql" or conf.get().DB_POOLER != "none" or connection.queries_logged:
-        # Query logging (DEBUG, tests capturing queries) records the SQL text Django's own cursor
-        # shows; a prepared execution would log nothing.
-        return connection.cursor()
+        with connection.cursor() as cur:
+            cur.execute(sql, params)
+            return list(cur.fetchall())
+    numbered, names = _number(sql)
     connection.ensure_connection()
     connection.validate_thread_sharing()
-    if connection.connection.prepare_threshold is None:
+    raw = connection.connection
+    if raw.prepare_threshold is None:
         # Django leaves it None, which makes psycopg prepare nothing, even when asked. Only this
         # cursor asks (Django's own cursors bind on the client and never prepare), and it asks
-        # every time, so the threshold itself is never reached.
-        connection.connection.prepare_threshold = _NEVER_BY_COUNT
-    raw = _preparing_cursor(connection.connection)
-    return connection.make_cursor(raw)
+        # every time, so the count itself never matters.
+        raw.prepare_threshold = _NEVER_BY_COUNT
+    with connection.make_cursor(_preparing_cursor(raw)) as cur:
+        cur.execute(numbered, [params[name] for name in names])
+        return list(cur.fetchall())
 
 
-def _preparing_class() -> type:
-    from django.db.backends.postgresql import base
+def _number(sql: str) -> tuple[str, list[str]]:
+    """``sql`` with ``$n`` placeholders (one number per name), and the names in number order."""
+    found = _numbered.get(sql)
+    if found is None:
+        names: list[str] = []
 
-    server_binding: Any = base.ServerBindingCursor
+        def number(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name is None:
+                return "%"
+            if name not in names:
+                names.append(name)
+            return f"${names.index(name) + 1}"
 
-    class Preparing(server_binding):
-        """Django's server-binding cursor, preparing every statement it runs."""
-
-        def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None,
-                    binary: bool | None = None) -> Any:
-            return super().execute(query, params, prepare=True if prepare is None else prepare, binary=binary)
-
-    return Preparing
-
-
-_class: type | None = None
+        found = _numbered[sql] = (_PLACEHOLDER.sub(number, sql), names)
+    return found
 
 
 def _preparing_cursor(raw_connection: Any) -> Any:
-    global _class
-    if _class is None:
-        _class = _preparing_class()
-    return _class(raw_connection)
+    """A psycopg raw cursor (``$n`` placeholders, nothing parsed client-side) that prepares what it runs."""
+    global _cursor_class
+    if _cursor_class is None:
+        import psycopg
+
+        raw_cursor: Any = psycopg.RawCursor
+
+        class Preparing(raw_cursor):
+            def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None,
+                        binary: bool | None = None) -> Any:
+                return super().execute(query, params, prepare=True if prepare is None else prepare, binary=binary)
+
+        _cursor_class = Preparing
+    return _cursor_class(raw_connection)

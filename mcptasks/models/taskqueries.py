@@ -114,6 +114,7 @@ class TaskQuerySet(models.QuerySet["Task"]):
             runnable = runnable.exclude(task_id__in=skip)
         held = dict(tenant_running or {})
         uncapped = runnable
+        capped: list[int] = []
         if tenant_cap is not None:
             capped = [tenant for tenant, n in held.items() if n >= tenant_cap]
             if capped:
@@ -122,18 +123,21 @@ class TaskQuerySet(models.QuerySet["Task"]):
         # lasting until a COMMIT sent after Python has built the claimed rows (and BEGIN and
         # COMMIT cost two round trips). Behind a pooler it stays in a transaction: the timeouts
         # are set per transaction there.
-        alone = on_pg and not connection.in_atomic_block and conf.get().DB_POOLER == "none"
+        # The statement claims from the whole table: a filtered queryset takes the counted path.
+        statement = on_pg and not self.query.has_filters()
+        alone = statement and not connection.in_atomic_block and conf.get().DB_POOLER == "none"
 
         def by_statement() -> tuple[bool, list[Task]]:
-            return claim_statement(uncapped, worker_id=worker_id, limit=limit, now=now, lease_until=lease_until,
-                                   held=held, tenant_cap=tenant_cap, limited=sorted(limited or {}))
+            return claim_statement(self.model, worker_id=worker_id, limit=limit, now=now, lease_until=lease_until,
+                                   held=held, tenant_cap=tenant_cap, limited=sorted(limited or {}), skip=skip,
+                                   capped=capped)
 
         if alone:
             limited_waiting, at_once = by_statement()
             if not limited_waiting:
                 return at_once
         with transaction.atomic():
-            if on_pg and not alone:
+            if statement and not alone:
                 limited_waiting, at_once = by_statement()
                 if not limited_waiting:
                     return at_once

@@ -152,9 +152,9 @@ def finish(outcomes: list[Outcome], *, now: dt.datetime,
         "fallback": quotas.default_tenant_limit(),
         "cap": conf.get().STREAM_MAX_EVENTS,
     }
-    with prepared.cursor() as cur:  # prepared once per connection: planning cost as much as running
-        cur.execute(_build(), params)
-        hooked, won, streams, seqs, datas, sessions, unstored_streams, unstored_datas = cur.fetchone()
+    # Prepared once per connection where that is safe: planning it cost as much as running it.
+    [(hooked, won, streams, seqs, datas, sessions, unstored_streams, unstored_datas)] = prepared.fetchall(
+        _build(), params)
     if hooked:
         return None
     return Written(won=list(won), stored=list(zip(streams, seqs, datas, strict=True)),

@@ -156,3 +156,39 @@ def test_the_prepared_claim_returns_the_same_rows(settings: Any) -> None:
     with connection.cursor() as cur:
         cur.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s", ["%picked AS MATERIALIZED%"])
         assert cur.fetchone()[0] >= 1
+
+
+@pytest.mark.django_db
+def test_the_statement_and_the_orm_agree_on_what_is_claimable() -> None:
+    """``claimsql.claimable_sql`` is ``TaskQuerySet.claimable`` written out: the same rows over
+    every combination of status, cancel flag, lease, attempts and ``run_after``, and the same
+    exclusions."""
+    import itertools
+
+    from mcptasks.models.claimsql import claimable_sql
+
+    now = timezone.now()
+    past, future = now - dt.timedelta(seconds=5), now + dt.timedelta(seconds=5)
+    auth, other = make_auth(), make_auth()
+    rows = []
+    for status, cancelled, lease, (attempt, most), run_after in itertools.product(
+        ("working", "input_required", "completed"), (False, True), (None, past, future),
+        ((0, 1), (1, 1), (1, 3)), (None, past, future),
+    ):
+        rows.append(task_row("plain", auth=auth, max_attempts=most, status=status, cancel_requested=cancelled,
+                             lease_expires_at=lease, attempt=attempt, run_after=run_after))
+    rows.append(task_row("plain", auth=other))
+    skip = [rows[0].task_id]
+
+    def by_sql(**params: Any) -> set[int]:
+        with connection.cursor() as cur:
+            cur.execute(f"SELECT t.seq FROM mcptasks_task t WHERE {claimable_sql('t')}",  # noqa: S608 - our own SQL
+                        {"now": now, "skip": [], "capped": [], **params})
+            return {r[0] for r in cur.fetchall()}
+
+    orm = Task.objects.claimable(now=now)
+    expected = set(orm.values_list("pk", flat=True))
+    assert 0 < len(expected) < len(rows)
+    assert by_sql() == expected
+    assert by_sql(skip=skip) == set(orm.exclude(task_id__in=skip).values_list("pk", flat=True))
+    assert by_sql(capped=[other.tenant_id]) == set(orm.exclude(tenant_id=other.tenant_id).values_list("pk", flat=True))
