@@ -177,18 +177,32 @@ def seal(*, limit: int = 5000) -> int:
 
 
 def _write_seals(events: list[AuditEvent]) -> None:
-    """Store the seal columns of ``events``: one parameterised UPDATE, executed for every row.
+    """Store the seal columns of ``events``.
 
-    ``bulk_update`` builds a CASE expression per column through the ORM, which cost about a
-    millisecond of CPU per event, on every process that seals; psycopg sends these in one
-    pipeline.
+    On PostgreSQL one ``UPDATE ... FROM unnest(...)`` writes them all: one statement parsed and
+    planned once per batch (the sealer runs on every process; three events per task). Elsewhere
+    one parameterised UPDATE is executed for every row (``bulk_update``'s CASE per column cost
+    about a millisecond of CPU per event).
     """
     meta = AuditEvent._meta
     quote = connection.ops.quote_name
+    table, pk = quote(meta.db_table), quote(str(meta.pk.column))
+    if connection.vendor == "postgresql":
+        sealed_at = events[0].sealed_at  # one batch, one time
+        with connection.cursor() as cur:
+            cur.execute(
+                f"UPDATE {table} a SET {quote('chain_seq')} = v.seq, {quote('prev_hash')} = v.prev, "  # noqa: S608
+                f"{quote('hash')} = v.hash, {quote('sealed_at')} = %s "
+                "FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::text[]) AS v (id, seq, prev, hash) "
+                f"WHERE a.{pk} = v.id",
+                [sealed_at, [ev.pk for ev in events], [ev.chain_seq for ev in events],
+                 [ev.prev_hash for ev in events], [ev.hash for ev in events]],
+            )
+        return
     columns = ["chain_seq", "prev_hash", "hash", "sealed_at"]
     fields = [f for f in meta.concrete_fields if f.name in columns]
     assignments = ", ".join(f"{quote(str(f.column))} = %s" for f in fields)
-    sql = f"UPDATE {quote(meta.db_table)} SET {assignments} WHERE {quote(str(meta.pk.column))} = %s"  # noqa: S608
+    sql = f"UPDATE {table} SET {assignments} WHERE {pk} = %s"  # noqa: S608
     rows = [
         [f.get_db_prep_save(getattr(ev, f.attname), connection) for f in fields] + [ev.pk] for ev in events
     ]

@@ -279,3 +279,21 @@ def test_async_appends_share_statements_and_seal_like_the_orms(monkeypatch: pyte
     monkeypatch.setattr(fastreads, "insert", broken)
     async_to_sync(audit.aappend)(tenant_id=auth.tenant_id, principal_id=auth.principal_id, action="test.fallback")
     assert AuditEvent.objects.filter(action="test.fallback").count() == 1
+
+
+def test_a_sealing_pass_writes_its_seals_in_one_statement_on_postgresql(auth: AuthContext) -> None:
+    """Three events per task reach the sealer: on PostgreSQL their seals are one UPDATE, not one each."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    require_postgres()
+    for n in range(12):
+        auditing.record_audit(auth=auth, action="test.many", data={"n": n})
+    with CaptureQueriesContext(connection) as ctx:
+        assert audit.seal() == 12
+    updates = [q["sql"] for q in ctx.captured_queries if q["sql"].lstrip().upper().startswith("UPDATE")]
+    assert len(updates) == 1, updates
+    sealed = list(AuditEvent.objects.filter(action="test.many").order_by("chain_seq"))
+    assert [e.chain_seq for e in sealed] == list(range(1, 13))
+    assert all(e.sealed_at is not None and len(e.hash) == 64 for e in sealed)
+    assert _verify(auth).ok
