@@ -2,7 +2,7 @@
 
 Each client (its own session) sends ``tools/call`` + ``task`` for ``demo_sleep(ms=50)`` in a
 closed loop for ``--seconds`` and records the answer time; nothing polls. The service is the
-stack of ``bench/e2e_load.py`` (2 daphne + 2 workers, PostgreSQL + Redis, the tenant without
+stack of ``bench/e2e_load.py`` (2 web processes under ``--server`` + 2 workers, PostgreSQL + Redis, the tenant without
 limits or rates), the peer the official SDK server (``bench/peers/sdk_server.py``); both run the
 tasks they accept while the clients create more. Levels and targets interleave: for each level,
 the service then the peer. Prints creations/s and p50/p99 per level and target, and the ratios.
@@ -29,6 +29,7 @@ sys.path.insert(0, str(REPO))
 import httpx  # noqa: E402
 
 from bench.e2e_load import _pct, _post, _session, _start_service, start_peer  # noqa: E402
+from tests.support.servers import WEB_SERVERS  # noqa: E402
 
 
 async def _level(urls: list[str], tokens: list[str], clients: int, seconds: float) -> tuple[int, list[float], int]:
@@ -70,10 +71,12 @@ def main() -> None:
     parser.add_argument("--tenants", type=int, default=1,
                         help="also run each level with the clients spread over this many tenants (each without "
                              "limits), next to the one-tenant run: no global hot row means the same throughput")
+    parser.add_argument("--server", choices=tuple(WEB_SERVERS), default="granian",
+                        help="the service's web server (default granian, the documented production server)")
     args = parser.parse_args()
     if not os.environ.get("DATABASE_URL", "").startswith("postgres") or not os.environ.get("REDIS_URL"):
         sys.exit("set DATABASE_URL (PostgreSQL) and REDIS_URL")
-    stack, token, urls, _pids = _start_service(REPO, args.concurrency)
+    stack, token, urls, _pids = _start_service(REPO, args.concurrency, args.server)
     spread = [token]
     for i in range(1, args.tenants):
         spread.append(stack.token(f"bench{i}", "bencher"))
@@ -88,7 +91,8 @@ def main() -> None:
     targets.append(("peer", [peer_url], [""]))
     try:
         print(f"creation load: closed loop, {args.seconds:.0f} s per level and target, demo_sleep 50 ms tasks; "
-              f"service: 2 daphne + 2 workers x {args.concurrency}; peer: mcp SDK, 1 uvicorn; {os.cpu_count()} CPUs",
+              f"service: 2 {args.server} + 2 workers x {args.concurrency}; peer: mcp SDK, 1 uvicorn; "
+              f"{os.cpu_count()} CPUs",
               flush=True)
         for level in (int(x) for x in args.levels.split(",")):
             got = {}
