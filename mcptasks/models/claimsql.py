@@ -27,17 +27,22 @@ RANKED_PER_SLOT = 4
 _statements: dict[bool, str] = {}
 
 
-def claimable_sql(alias: str) -> str:
+def claimable_sql(alias: str, *, lease: str = "any") -> str:
     """:meth:`TaskQuerySet.claimable <mcptasks.models.TaskQuerySet.claimable>` as SQL over the
     task table aliased ``alias``, with the ``%(now)s`` placeholder; also leaves out the task ids
     in ``%(skip)s`` and the tenants in ``%(capped)s`` (arrays). Written out rather than compiled
     by the ORM on every claim (a third of the claim's CPU); ``tests/mcptasks/worker/
-    test_claim_statement.py`` holds the two to the same rows."""
+    test_claim_statement.py`` holds the two to the same rows. ``lease`` narrows it to the rows
+    never leased (``"unleased"``) or whose lease lapsed (``"lapsed"``): each half alone is one
+    plain index scan of ``task_claim_idx`` (see :func:`_build`)."""
     q = connection.ops.quote_name
     live = ", ".join(f"'{status}'" for status in LIVE)  # our own constants: the index sees literals
+    column = f"{alias}.{q('lease_expires_at')}"
+    leased = {"unleased": f"{column} IS NULL", "lapsed": f"{column} < %(now)s",
+              "any": f"({column} IS NULL OR {column} < %(now)s)"}[lease]
     return (
         f"{alias}.{q('status')} IN ({live}) AND NOT {alias}.{q('cancel_requested')} "
-        f"AND ({alias}.{q('lease_expires_at')} IS NULL OR {alias}.{q('lease_expires_at')} < %(now)s) "
+        f"AND {leased} "
         f"AND {alias}.{q('attempt')} < {alias}.{q('max_attempts')} "
         f"AND ({alias}.{q('run_after')} IS NULL OR {alias}.{q('run_after')} <= %(now)s) "
         f"AND {alias}.{q('task_id')} <> ALL(%(skip)s::text[]) AND {alias}.{q('tenant_id')} <> ALL(%(capped)s::bigint[])"
@@ -70,8 +75,16 @@ def _build(task: type[Task], *, probe: bool) -> str:
         picked AS MATERIALIZED (
             SELECT c.{pk} AS seq, c.{q("tenant_id")} AS tenant_id,
                    row_number() OVER (PARTITION BY c.{q("tenant_id")} ORDER BY c.{pk}) + COALESCE(h.n, 0) AS pos
-            FROM {table} c LEFT JOIN held h ON h.tenant_id = c.{q("tenant_id")}
-            WHERE {claimable_sql("c")} AND NOT (SELECT limited FROM waiting)
+            FROM (
+                -- Two halves, not one OR: each is a plain index scan, which marks the index
+                -- entries of dead row versions (every claim and finish leaves some: status and
+                -- lease are indexed, so no update is HOT) so later scans skip them; a bitmap scan
+                -- of the OR never does, and visited every such row's heap page until a vacuum.
+                SELECT u.{pk}, u.{q("tenant_id")} FROM {table} u WHERE {claimable_sql("u", lease="unleased")}
+                UNION ALL
+                SELECT x.{pk}, x.{q("tenant_id")} FROM {table} x WHERE {claimable_sql("x", lease="lapsed")}
+            ) c LEFT JOIN held h ON h.tenant_id = c.{q("tenant_id")}
+            WHERE NOT (SELECT limited FROM waiting)
             ORDER BY pos, c.{pk} LIMIT %(ranked)s
         ),
         locked (seq) AS MATERIALIZED (

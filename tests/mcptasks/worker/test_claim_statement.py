@@ -180,9 +180,9 @@ def test_the_statement_and_the_orm_agree_on_what_is_claimable() -> None:
     rows.append(task_row("plain", auth=other))
     skip = [rows[0].task_id]
 
-    def by_sql(**params: Any) -> set[int]:
+    def by_sql(lease: str = "any", **params: Any) -> set[int]:
         with connection.cursor() as cur:
-            cur.execute(f"SELECT t.seq FROM mcptasks_task t WHERE {claimable_sql('t')}",  # noqa: S608 - our own SQL
+            cur.execute(f"SELECT t.seq FROM mcptasks_task t WHERE {claimable_sql('t', lease=lease)}",  # noqa: S608
                         {"now": now, "skip": [], "capped": [], **params})
             return {r[0] for r in cur.fetchall()}
 
@@ -190,5 +190,8 @@ def test_the_statement_and_the_orm_agree_on_what_is_claimable() -> None:
     expected = set(orm.values_list("pk", flat=True))
     assert 0 < len(expected) < len(rows)
     assert by_sql() == expected
+    # The statement's two halves (never leased, lease lapsed) split the same rows.
+    unleased, lapsed = by_sql("unleased"), by_sql("lapsed")
+    assert unleased | lapsed == expected and not unleased & lapsed and unleased and lapsed
     assert by_sql(skip=skip) == set(orm.exclude(task_id__in=skip).values_list("pk", flat=True))
     assert by_sql(capped=[other.tenant_id]) == set(orm.exclude(tenant_id=other.tenant_id).values_list("pk", flat=True))
