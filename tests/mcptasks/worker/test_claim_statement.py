@@ -25,18 +25,24 @@ def _claim(worker_id: str, limit: int, **kw: Any) -> list[Task]:
                               lease_until=now + dt.timedelta(seconds=30), **kw)
 
 
+def _session_rows(capabilities: dict[str, Any], n: int) -> tuple[Any, list[Task]]:
+    """``n`` claimable rows of a new principal's session whose client declared ``capabilities``."""
+    auth = make_auth()
+    session = make_session(auth)
+    session.client_capabilities = capabilities
+    session.save()
+    rows = [task_row("plain", auth=auth) for _ in range(n)]
+    Task.objects.filter(pk__in=[r.pk for r in rows]).update(session_id=session.pk)
+    return auth, rows
+
+
 def _statements(ctx: CaptureQueriesContext) -> list[str]:
     return [q["sql"] for q in ctx.captured_queries if not q["sql"].upper().startswith(CONTROL)]
 
 
 @pytest.mark.django_db
 def test_the_claim_is_one_statement_with_what_the_tool_context_needs() -> None:
-    auth = make_auth()
-    session = make_session(auth)
-    session.client_capabilities = {"elicitation": {}}
-    session.save()
-    rows = [task_row("plain", auth=auth) for _ in range(3)]
-    Task.objects.filter(pk__in=[r.pk for r in rows]).update(session_id=session.pk)
+    auth, rows = _session_rows({"elicitation": {}}, 3)
     with CaptureQueriesContext(connection) as ctx:
         claimed = _claim("w1", 2, limited={"other_tool": 1})
     assert len(_statements(ctx)) == 1, _statements(ctx)
@@ -141,12 +147,7 @@ def test_the_prepared_claim_returns_the_same_rows(settings: Any) -> None:
     """Without a pooler the statement is prepared on the server (``mcptasks.db.prepared``): its
     rows come back typed as through Django's cursor (JSON decoded, aware times)."""
     settings.MCPTASKS = {**settings.MCPTASKS, "DB_POOLER": "none"}
-    auth = make_auth()
-    session = make_session(auth)
-    session.client_capabilities = {"sampling": {}}
-    session.save()
-    rows = [task_row("plain", auth=auth) for _ in range(2)]
-    Task.objects.filter(pk__in=[r.pk for r in rows]).update(session_id=session.pk)
+    auth, rows = _session_rows({"sampling": {}}, 2)
     claimed = _claim("w1", 1) + _claim("w1", 1)
     assert [t.task_id for t in claimed] == [r.task_id for r in rows]
     for t in claimed:
