@@ -87,11 +87,16 @@ def publish(*, session_id: str, stream_id: str, message: dict[str, Any]) -> str:
     Returns the SSE event id. Synchronous (database write); call from a thread in async code.
     The push happens after commit, so a connection that sees a gap can always read it back.
     """
-    data = json.dumps(message, separators=(",", ":"))
+    data = encode(message)
     event = _append(session_id=session_id, stream_id=stream_id, data=data)
     group, push = push_of(stream_id=stream_id, seq=event.seq, data=data)
     transaction.on_commit(lambda: send(group, push))
     return event.event_id
+
+
+def encode(message: dict[str, Any]) -> str:
+    """A message as a stored event's ``data`` (compact JSON)."""
+    return json.dumps(message, separators=(",", ":"))
 
 
 def push_of(*, stream_id: str, seq: int, data: str) -> tuple[str, dict[str, Any]]:
@@ -147,7 +152,7 @@ def publish_many(
     if not items:
         send_many([], list(signals))
         return []
-    datas = [json.dumps(message, separators=(",", ":")) for _s, _st, message in items]
+    datas = [encode(message) for _s, _st, message in items]
     sessions: dict[str, str] = {}
     for session_id, stream_id, _m in items:
         sessions.setdefault(stream_id, session_id)

@@ -88,9 +88,9 @@ def notes_for(tasks: list[Task]) -> list[tuple[str | None, str | None]]:
     for task in tasks:
         if task.kind == Task.Kind.TASK and task.session_id:
             default = None if _is_request_session(task.session_id) else events.get_stream_id(task.session_id)
-            notes.append((_text(wire.status_notification(task)), default))
+            notes.append((events.encode(wire.status_notification(task)), default))
         elif task.kind != Task.Kind.TASK and task.is_terminal and task.stream_id:
-            notes.append((_text(wire.request_outcome_message(task)), None))
+            notes.append((events.encode(wire.request_outcome_message(task)), None))
         else:
             notes.append((None, None))
     return notes
@@ -110,11 +110,6 @@ def after_stored(*, tasks: list[Task], stored: list[tuple[str, int, str]],
                             signals=task_signals)
     else:
         signals.send_many(pushes, task_signals)
-
-
-def _text(message: dict[str, Any]) -> str:
-    """A message as stored in a stream event (:func:`mcptasks.streams.events.publish_many`'s encoding)."""
-    return json.dumps(message, separators=(",", ":"))
 
 
 def _publish_request_outcome(task: Task) -> None:
