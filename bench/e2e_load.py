@@ -23,12 +23,17 @@ the tool's own output). Usage (PostgreSQL + Redis as in CI)::
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/0 \\
         .venv/bin/python bench/e2e_load.py [--rounds 2] [--seconds 20] [--procs 4] [--callers 60] \\
-        [--concurrency 8] [--only service|peer] [--base PATH]
+        [--concurrency 8] [--only service|peer] [--base PATH] [--autovacuum S]
 
 ``--base PATH`` also starts the code of another checkout (e.g. ``git worktree add`` of ``main``)
 and measures it as ``base`` in every round, next to this checkout (``service``) and the peer.
 
 The machine's load (``/proc/loadavg``) is printed with every round: compare figures only within one run.
+
+The header says whether the PostgreSQL server runs autovacuum. CI's (and this machine's) does
+not: its task table is never analyzed nor vacuumed, so the prepared claim keeps the plan made on
+the empty table (sequential scans of a table that grows through the run). ``--autovacuum S``
+stands in for it (:class:`AutovacuumStandIn`), for both trees alike.
 """
 
 from __future__ import annotations
@@ -170,6 +175,56 @@ def _pg_backends(dsn: str) -> list[int]:
         rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
                             "AND pid <> pg_backend_pid()").fetchall()
     return [int(r[0]) for r in rows]
+
+
+def server_autovacuum(dsn: str) -> str:
+    """The server's ``autovacuum`` setting (``on``/``off``)."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SHOW autovacuum").fetchone()
+    return str(row[0]) if row else "?"
+
+
+class AutovacuumStandIn:
+    """``--autovacuum S``: every ``S`` seconds, vacuum and analyze each table of the given
+    databases that PostgreSQL's autovacuum would pick with its default rule (more than 50 +
+    20 % dead rows, or 50 + 10 % rows changed since the last analyze), for a server that runs
+    with ``autovacuum = off`` (as CI's does). Without it, a young task table is never analyzed:
+    a prepared statement keeps the plan made on the empty table. Each database gets one
+    connection for the bench's whole run, so its CPU counts in the ``postgres`` role."""
+
+    RULE = ("SELECT relname FROM pg_stat_user_tables WHERE n_dead_tup > 50 + 0.2 * n_live_tup "
+            "OR n_mod_since_analyze > 50 + 0.1 * n_live_tup")
+
+    def __init__(self, dsns: list[str], every: float) -> None:
+        import threading
+
+        self.dsns, self.every, self.passes, self.tables = dsns, every, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import psycopg
+        from psycopg import sql
+
+        conns = [psycopg.connect(dsn, autocommit=True) for dsn in self.dsns]
+        try:
+            while not self._stop.wait(self.every):
+                for conn in conns:
+                    for (table,) in conn.execute(self.RULE).fetchall():
+                        conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(sql.Identifier(table)))
+                        self.tables += 1
+                self.passes += 1
+        finally:
+            for conn in conns:
+                conn.close()
+
+    def stop(self) -> str:
+        self._stop.set()
+        self._thread.join(60)
+        return f"autovacuum stand-in: {self.passes} passes, {self.tables} table vacuums"
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -332,22 +387,33 @@ def main() -> None:
                         help="the service's web server (default granian, the documented production server)")
     parser.add_argument("--base", type=Path, help="another checkout (e.g. a worktree of main): measured as 'base' "
                                                   "in the same rounds, for before/after figures in one run")
+    parser.add_argument("--autovacuum", type=float, default=0.0, metavar="S",
+                        help="every S seconds, vacuum and analyze the stacks' tables by autovacuum's default rule "
+                             "(for a server with autovacuum off, as CI's; see AutovacuumStandIn)")
     args = parser.parse_args()
     if not os.environ.get("DATABASE_URL", "").startswith("postgres") or not os.environ.get("REDIS_URL"):
         sys.exit("set DATABASE_URL (PostgreSQL) and REDIS_URL")
 
     stacks: dict[str, tuple[Any, str, list[str], dict[str, list[int]]]] = {}
     peer = None
+    standin: AutovacuumStandIn | None = None
     try:
         if args.only != "peer":
             if args.base is not None:
                 stacks["base"] = _start_service(args.base.resolve(), args.concurrency, args.server)
             stacks["service"] = _start_service(REPO, args.concurrency, args.server)
         peer, peer_url = start_peer()
+        dsns = [stack.env["DATABASE_URL"] for stack, _t, _u, _p in stacks.values()]
+        maintenance = ""
+        if dsns:
+            maintenance = f"; PostgreSQL autovacuum {server_autovacuum(dsns[0])}"
+            if args.autovacuum > 0:
+                standin = AutovacuumStandIn(dsns, args.autovacuum)
+                maintenance += f", stand-in every {args.autovacuum:g} s"
         print(f"e2e load: {args.procs} client processes, {args.callers} callers, demo_sleep 50 ms, tasks/get every "
               f"100 ms; service: 2 {args.server} + 2 workers x {args.concurrency}; peer: mcp SDK, 1 uvicorn; "
               f"{args.rounds} x {args.seconds:.0f} s rounds; {os.cpu_count()} CPUs"
-              + (f"; base: {args.base}" if args.base else ""), flush=True)
+              + (f"; base: {args.base}" if args.base else "") + maintenance, flush=True)
         stats = []
         for i in range(args.rounds):
             print(f"round {i + 1}:", flush=True)
@@ -358,11 +424,15 @@ def main() -> None:
             if args.only != "service":
                 stats.append(run_round("peer", [peer_url], "", args, lambda: {"peer": [peer.pid]}))
         _summary(stats)
+        if standin is not None:
+            print(standin.stop())
         time.sleep(2)
         for name, (stack, _t, _u, _p) in stacks.items():
             print(f"{name} exactly once: {exactly_once(stack.env['DATABASE_URL'])}")
             print(f"{name} phases: {phases(stack.env['DATABASE_URL'])}")
     finally:
+        if standin is not None:
+            standin.stop()
         if peer is not None:
             peer.kill()
             peer.wait(10)

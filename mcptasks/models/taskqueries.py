@@ -107,18 +107,12 @@ class TaskQuerySet(models.QuerySet["Task"]):
         transaction. SQLite always takes the counted path.
         """
         on_pg = connection.vendor == "postgresql"
-        runnable = self.claimable(now=now)
+        # A lease of ours that lapsed (a long stall) must not start a second local run.
         skip = list(exclude)
-        if skip:
-            # A lease of ours that lapsed (a long stall) must not start a second local run.
-            runnable = runnable.exclude(task_id__in=skip)
         held = dict(tenant_running or {})
-        uncapped = runnable
         capped: list[int] = []
         if tenant_cap is not None:
             capped = [tenant for tenant, n in held.items() if n >= tenant_cap]
-            if capped:
-                uncapped = runnable.exclude(tenant_id__in=capped)
         # The statement is atomic by itself: in autocommit its row locks end with it, instead of
         # lasting until a COMMIT sent after Python has built the claimed rows (and BEGIN and
         # COMMIT cost two round trips). Behind a pooler it stays in a transaction: the timeouts
@@ -141,6 +135,12 @@ class TaskQuerySet(models.QuerySet["Task"]):
                 limited_waiting, at_once = by_statement()
                 if not limited_waiting:
                     return at_once
+            # The querysets are built only here: the statement above does not need them, and
+            # compiling their filters was a tenth of a worker's CPU under a creation load.
+            runnable = self.claimable(now=now)
+            if skip:
+                runnable = runnable.exclude(task_id__in=skip)
+            uncapped = runnable.exclude(tenant_id__in=capped) if capped else runnable
             capacity = runnable._capacity(limited or {}, now=now, on_pg=on_pg)
             full = [name for name, free in capacity.items() if free <= 0]
             base = uncapped.exclude(tool_name__in=full) if full else uncapped
