@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -11,10 +12,12 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from mcptasks import hardening
+from mcptasks import checks, hardening
 from mcptasks.processes.embedded import bound_default_executor
 from mcptasks.worker.loop import Worker
 from tenants.infra import redis_url
+
+logger = logging.getLogger(__name__)
 
 
 class Command(BaseCommand):
@@ -33,6 +36,10 @@ class Command(BaseCommand):
         redis_url.require_supported(str(getattr(settings, "REDIS_URL", "") or ""), "worker")
         if opts["max_tasks"] is not None and opts["max_tasks"] < 1:
             raise CommandError("--max-tasks must be at least 1")
+        problem = checks.autovacuum_problem()
+        if problem:
+            logger.warning("%s: the task tables are never vacuumed nor analyzed, and claims slow down as the task "
+                           "table grows (mcptasks.W007, docs/operations.md)", problem)
         worker = Worker(concurrency=opts["concurrency"], worker_id=opts["worker_id"], burst=opts["burst"],
                         max_tasks=opts["max_tasks"])
         asyncio.run(self._main(worker))
