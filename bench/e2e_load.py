@@ -12,7 +12,9 @@ Per round and target it prints:
 - throughput: tasks whose ``tasks/result`` was answered inside the round, per second;
 - creation: the ``tools/call`` answer time (p50/p99);
 - created -> terminal: ``lastUpdatedAt - createdAt`` of the terminal ``tasks/get`` (task timestamps);
-- seen: the terminal timestamp to the first ``tasks/get`` that reports it (bounded by the poll);
+- seen: the terminal timestamp to the first ``tasks/get`` that reports it, answered; and by that
+  request's sending, with the share of tasks whose first ``tasks/get`` sent after the terminal
+  timestamp saw it (the rest were read before the outcome's commit, which follows its timestamp);
 - end to end: call sent -> ``tasks/result`` answered (p50/p99);
 - CPU per task: user + system time read from ``/proc`` of the service's processes (web processes,
   workers and the PostgreSQL backends of the bench's database; Redis is shared with other users of
@@ -100,8 +102,11 @@ def _ts(value: str) -> float:
 
 
 async def _caller(client: httpx.AsyncClient, url: str, headers: dict[str, str], stop_at: float,
-                  out: list[tuple[float, float, float, float, float]], failures: list[str]) -> None:
-    """Closed loop until ``stop_at`` (monotonic): (done_at, create_ms, c2t_ms, seen_ms, e2e_ms) per task."""
+                  out: list[tuple[float, ...]], failures: list[str]) -> None:
+    """Closed loop until ``stop_at`` (monotonic): per task (done_at, create_ms, c2t_ms, seen_ms,
+    e2e_ms, sent_ms, first): ``sent_ms`` is the terminal timestamp to the sending of the
+    ``tasks/get`` that saw it, ``first`` 1 when no earlier ``tasks/get`` had been sent after that
+    timestamp (the first poll after the change saw it), else 0."""
     rid = 0
     while time.monotonic() < stop_at:
         try:
@@ -112,9 +117,11 @@ async def _caller(client: httpx.AsyncClient, url: str, headers: dict[str, str], 
                 "params": {"name": "demo_sleep", "arguments": {"ms": 50}, "task": {"ttl": 600_000}}})
             t_created = time.monotonic()
             task_id = created["result"]["task"]["taskId"]
+            sent_wall = prev_sent_wall = 0.0
             while True:
                 await asyncio.sleep(0.1)
                 rid += 1
+                prev_sent_wall, sent_wall = sent_wall, time.time()
                 got = await _post(client, url, headers, {"jsonrpc": "2.0", "id": rid, "method": "tasks/get",
                                                          "params": {"taskId": task_id}})
                 seen_wall = time.time()
@@ -129,15 +136,16 @@ async def _caller(client: httpx.AsyncClient, url: str, headers: dict[str, str], 
                 raise RuntimeError(f"task {task['status']}: {done.get('error')}")
             terminal_at = _ts(task["lastUpdatedAt"])
             out.append((t_done, (t_created - t0) * 1000, (terminal_at - _ts(task["createdAt"])) * 1000,
-                        (seen_wall - terminal_at) * 1000, (t_done - t0) * 1000))
+                        (seen_wall - terminal_at) * 1000, (t_done - t0) * 1000, (sent_wall - terminal_at) * 1000,
+                        1.0 if prev_sent_wall < terminal_at else 0.0))
         except Exception as exc:  # counted and reported: a server may fail under load
             failures.append(f"{type(exc).__name__}: {str(exc)[:160]}")
             await asyncio.sleep(0.1)
 
 
 async def _client_main(urls: list[str], token: str, callers: int, start_at: float, seconds: float
-                       ) -> tuple[list[tuple[float, float, float, float, float]], list[str]]:
-    out: list[tuple[float, float, float, float, float]] = []
+                       ) -> tuple[list[tuple[float, ...]], list[str]]:
+    out: list[tuple[float, ...]] = []
     failures: list[str] = []
     limits = httpx.Limits(max_connections=callers * 2, max_keepalive_connections=callers * 2)
     async with httpx.AsyncClient(timeout=60, limits=limits) as client:
@@ -266,7 +274,8 @@ def run_round(name: str, urls: list[str], token: str, args: argparse.Namespace, 
     stats = {
         "name": name, "tasks": n, "per_s": n / args.seconds, "failures": failures,
         "create": [r[1] for r in rows], "c2t": [r[2] for r in rows], "seen": [r[3] for r in rows],
-        "e2e": [r[4] for r in rows], "cpu_ms_per_task": cpu_s * 1000 / n if n else float("nan"), "load": load,
+        "e2e": [r[4] for r in rows], "sent": [r[5] for r in rows], "first": [r[6] for r in rows],
+        "cpu_ms_per_task": cpu_s * 1000 / n if n else float("nan"), "load": load,
         "cpu_by_role": by_role,
     }
     _print(stats)
@@ -280,6 +289,9 @@ def _print(s: dict[str, Any]) -> None:
     print(f"  {s['name']:<9} {s['tasks']:5d} tasks = {s['per_s']:6.1f}/s | create {pp('create')} | "
           f"created->terminal {pp('c2t')} | terminal->seen {pp('seen')} | end-to-end {pp('e2e')} | "
           f"CPU {s['cpu_ms_per_task']:.1f} ms/task | load {' '.join(s['load'])}", flush=True)
+    if s.get("first"):
+        print(f"    terminal->seen by the poll's sending: {pp('sent')}; seen by the first poll sent after the "
+              f"terminal timestamp: {100 * sum(s['first']) / len(s['first']):.1f} % of tasks", flush=True)
     if len(s.get("cpu_by_role", {})) > 1:
         print("    CPU ms/task by role: " + ", ".join(f"{role} {ms:.1f}" for role, ms in s["cpu_by_role"].items()),
               flush=True)
@@ -301,7 +313,7 @@ def _summary(all_stats: list[dict[str, Any]]) -> None:
                             "load": runs[-1]["load"],
                             "cpu_by_role": {role: statistics.mean(r["cpu_by_role"].get(role, 0.0) for r in runs)
                                             for role in runs[0]["cpu_by_role"]}}
-        for key in ("create", "c2t", "seen", "e2e"):
+        for key in ("create", "c2t", "seen", "e2e", "sent", "first"):
             m[key] = [v for r in runs for v in r[key]]
         _print(m)
     for a, b in (("service", "peer"), ("base", "peer"), ("service", "base")):
