@@ -22,6 +22,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import psycopg
+
 from mcptasks import conf
 
 #: psycopg's count of executions before it prepares a statement by itself: never reached.
@@ -32,8 +34,6 @@ _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
 #: Statement text -> (numbered text, parameter names in number order). The statements are a few
 #: fixed texts built from model metadata, so this stays small.
 _numbered: dict[str, tuple[str, list[str]]] = {}
-
-_cursor_class: type | None = None
 
 
 def fetchall(sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
@@ -53,7 +53,8 @@ def fetchall(sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         # cursor asks (Django's own cursors bind on the client and never prepare), and it asks
         # every time, so the count itself never matters.
         raw.prepare_threshold = _NEVER_BY_COUNT
-    with connection.make_cursor(_preparing_cursor(raw)) as cur:
+    preparing: Any = _Preparing(raw)  # a DB-API cursor, which make_cursor wraps (its stub says a wrapper)
+    with connection.make_cursor(preparing) as cur:
         cur.execute(numbered, [params[name] for name in names])
         return list(cur.fetchall())
 
@@ -76,18 +77,18 @@ def _number(sql: str) -> tuple[str, list[str]]:
     return found
 
 
-def _preparing_cursor(raw_connection: Any) -> Any:
+class _Preparing(psycopg.RawCursor):
     """A psycopg raw cursor (``$n`` placeholders, nothing parsed client-side) that prepares what it runs."""
-    global _cursor_class
-    if _cursor_class is None:
-        import psycopg
 
-        raw_cursor: Any = psycopg.RawCursor
+    def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None,
+                binary: bool | None = None) -> Any:
+        return super().execute(query, params, prepare=True if prepare is None else prepare, binary=binary)
 
-        class Preparing(raw_cursor):
-            def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None,
-                        binary: bool | None = None) -> Any:
-                return super().execute(query, params, prepare=True if prepare is None else prepare, binary=binary)
 
-        _cursor_class = Preparing
-    return _cursor_class(raw_connection)
+def runs_alone() -> bool:
+    """Whether one statement may run in autocommit now, its locks ending with it: directly against
+    PostgreSQL (behind a transaction pooler the timeouts are set per transaction, so a statement
+    needs one) and outside a caller's transaction (whose atomicity it must join)."""
+    from django.db import connection
+
+    return not connection.in_atomic_block and conf.get().DB_POOLER == "none"

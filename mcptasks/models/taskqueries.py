@@ -13,7 +13,7 @@ from django.db.models import Case, F, OuterRef, Q, Subquery, Value, When, Window
 from django.db.models.functions import Coalesce, RowNumber
 from django.utils import timezone
 
-from mcptasks import conf
+from mcptasks.db import prepared
 from mcptasks.models.claimsql import claim_statement
 from mcptasks.models.sessions import McpSession
 from mcptasks.models.status import LIVE, TERMINAL, TaskStatus
@@ -119,7 +119,7 @@ class TaskQuerySet(models.QuerySet["Task"]):
         # are set per transaction there.
         # The statement claims from the whole table: a filtered queryset takes the counted path.
         statement = on_pg and not self.query.has_filters()
-        alone = statement and not connection.in_atomic_block and conf.get().DB_POOLER == "none"
+        alone = statement and prepared.runs_alone()
 
         def by_statement() -> tuple[bool, list[Task]]:
             return claim_statement(self.model, worker_id=worker_id, limit=limit, now=now, lease_until=lease_until,

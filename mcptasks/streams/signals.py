@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -20,6 +21,8 @@ from channels.layers import get_channel_layer
 from mcptasks import conf
 from mcptasks.streams import layers
 from tenants import conf as kv_conf
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -68,18 +71,25 @@ async def group_send(group: str, message: dict[str, Any]) -> bool:
     layer = get_channel_layer()
     if layer is None:
         return False
+    sent, _ = await _bounded(lambda: layer.group_send(group, message))
+    if sent:
+        layers.send_breaker.succeeded()
+    return sent
+
+
+async def _bounded(call: Callable[[], Awaitable[T]]) -> tuple[bool, T | None]:
+    """``call()`` on the channel layer within ``LAYER_SEND_TIMEOUT_S``, unless the send breaker
+    is open: (whether it completed, its value). A failure is reported, opening the breaker."""
     if not layers.send_breaker.allow():
-        return False
-    s = conf.get()
+        return False, None
     try:
-        await asyncio.wait_for(layer.group_send(group, message), timeout=s.LAYER_SEND_TIMEOUT_S)
+        value = await asyncio.wait_for(call(), timeout=conf.get().LAYER_SEND_TIMEOUT_S)
     except asyncio.CancelledError:
         raise
     except Exception as exc:
         layers.report_failure(exc, open_s=kv_conf.get().REDIS_BREAKER_S)
-        return False
-    layers.send_breaker.succeeded()
-    return True
+        return False, None
+    return True, value
 
 
 #: The event loop of this process's server or worker (see :func:`serve_on`).
@@ -169,16 +179,10 @@ async def _groups_with_members(groups: list[str]) -> set[str] | None:
     """Which of ``groups`` have members (None: unknown, send to all), bounded like a send."""
     layer = get_channel_layer()
     check = getattr(layer, "groups_with_members", None)
-    if check is None or len(groups) < 2 or not layers.send_breaker.allow():
+    if check is None or len(groups) < 2:
         return None
-    try:
-        found: set[str] = await asyncio.wait_for(check(groups), timeout=conf.get().LAYER_SEND_TIMEOUT_S)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        layers.report_failure(exc, open_s=kv_conf.get().REDIS_BREAKER_S)
-        return None
-    return found
+    done, found = await _bounded(lambda: check(groups))
+    return set(found) if done and found is not None else None
 
 
 def task_signal(task_id: str, event: str, **extra: Any) -> tuple[str, dict[str, Any]]:

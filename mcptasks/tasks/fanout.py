@@ -49,51 +49,56 @@ def after_changes(tasks: list[Task]) -> None:
     """:func:`after_change` for many tasks (a worker's batch of finishes), batched.
 
     The same notifications and signals, in the same order per stream, but one query finds the
-    tasks' streams, one transaction stores every event (:func:`events.publish_many`) and one hop to
-    the event loop sends the pushes and the task signals.
+    tasks' bound streams, one transaction stores every event (:func:`events.publish_many`) and one
+    hop to the event loop sends the pushes and the task signals. What goes where is
+    :func:`_notes`, as for the statement that stores the events with the change itself.
     """
     if not tasks:
         return
     if len(tasks) == 1:
         after_change(tasks[0])
         return
-    notified = [t for t in tasks if t.kind == Task.Kind.TASK and t.session_id]
+    notes = _notes(tasks)
+    notified = [t.pk for t, (message, _d) in zip(tasks, notes, strict=True)
+                if message is not None and t.kind == Task.Kind.TASK]
     open_streams = dict(
-        Task.objects.filter(pk__in=[t.pk for t in notified]).exclude(stream_id="").exclude(stream_id__isnull=True)
+        Task.objects.filter(pk__in=notified).exclude(stream_id="").exclude(stream_id__isnull=True)
         .values_list("pk", "stream_id")
     ) if notified else {}
     items: list[tuple[str, str, dict[str, Any]]] = []
-    for task in tasks:
-        if task.kind == Task.Kind.TASK:
-            if task.session_id:
-                bound = open_streams.get(task.pk)
-                if bound is None and _is_request_session(task.session_id):
-                    continue  # a 2026-07-28 request's session: nobody reads its stream (see below)
-                stream = bound or events.get_stream_id(task.session_id)
-                items.append((task.session_id, stream, wire.status_notification(task)))
-        elif task.is_terminal and task.stream_id:
-            items.append((task.session_id, task.stream_id, wire.request_outcome_message(task)))
+    for task, (message, default) in zip(tasks, notes, strict=True):
+        bound = open_streams.get(task.pk) if task.kind == Task.Kind.TASK else task.stream_id
+        stream = bound or default
+        if message is not None and stream:
+            items.append((task.session_id, stream, message))
     events.publish_many(items, signals=[signals.task_signal(t.task_id, "changed", status=t.status) for t in tasks])
 
 
-def notes_for(tasks: list[Task]) -> list[tuple[str | None, str | None]]:
-    """What :func:`after_changes` would store for each of ``tasks`` (as they will be once changed),
-    for a statement that stores it with the change itself (:mod:`mcptasks.tasks.finishsql`).
+def _notes(tasks: list[Task]) -> list[tuple[dict[str, Any] | None, str | None]]:
+    """Per task (as it is once changed): its message (None: none) and the stream it goes on when
+    no stream is bound to the task (None: only a bound stream gets it).
 
-    Per task: the JSON text of its message (None: none) and the stream it goes on when the
-    task has no stream bound at write time (None: only a bound stream gets it; a plain
-    request's response goes only on its own POST stream).
+    A task's status notification goes on its bound tasks/result stream, else on the session's
+    GET stream, except for the session of a 2026-07-28 request, whose GET stream nobody can read
+    (only a bound stream gets it there). A plain request's response goes only on its own POST
+    stream.
     """
-    notes: list[tuple[str | None, str | None]] = []
+    notes: list[tuple[dict[str, Any] | None, str | None]] = []
     for task in tasks:
         if task.kind == Task.Kind.TASK and task.session_id:
             default = None if _is_request_session(task.session_id) else events.get_stream_id(task.session_id)
-            notes.append((events.encode(wire.status_notification(task)), default))
+            notes.append((wire.status_notification(task), default))
         elif task.kind != Task.Kind.TASK and task.is_terminal and task.stream_id:
-            notes.append((events.encode(wire.request_outcome_message(task)), None))
+            notes.append((wire.request_outcome_message(task), None))
         else:
             notes.append((None, None))
     return notes
+
+
+def notes_for(tasks: list[Task]) -> list[tuple[str | None, str | None]]:
+    """:func:`_notes` with each message as the JSON text a stored event holds, for a statement
+    that stores the events with the change itself (:mod:`mcptasks.tasks.finishsql`)."""
+    return [(None if message is None else events.encode(message), default) for message, default in _notes(tasks)]
 
 
 def after_stored(*, tasks: list[Task], stored: list[tuple[str, int, str]],

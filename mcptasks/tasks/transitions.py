@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from mcptasks import conf
 from mcptasks.audit import trail as audit
+from mcptasks.db import prepared
 from mcptasks.models import TERMINAL, McpSession, Outcome, Task, TaskStatus
 from mcptasks.protocol.errors import INTERNAL_ERROR, INVALID_PARAMS, McpError, cannot_cancel_message
 from mcptasks.streams import signals
@@ -125,7 +126,7 @@ def _finish_statement(runs: list[tuple[Task, Outcome]], *, now: dt.datetime) -> 
         _apply(task, outcome, now=now)  # the notes show each task as its outcome leaves it
     notes = fanout.notes_for(changed)
     outcomes = [o for _t, o in runs]
-    with transaction.atomic() if connection.in_atomic_block or conf.get().DB_POOLER != "none" else nullcontext():
+    with nullcontext() if prepared.runs_alone() else transaction.atomic():
         written = finishsql.finish(outcomes, now=now, notes=notes)
     if written is None:
         return None
