@@ -176,18 +176,21 @@ def autovacuum_problem(using: str = "default") -> str | None:
     return None
 
 
+def autovacuum_warning(using: str = "default") -> Warning | None:
+    """mcptasks.W007 for database ``using``, or None (see :func:`autovacuum_problem`)."""
+    problem = autovacuum_problem(using)
+    if problem is None:
+        return None
+    return Warning(
+        f"{problem}: the task tables are never vacuumed nor analyzed.",
+        hint="Claims slow down as the task table grows (a plan made on the empty table, dead rows "
+        "never removed). Turn autovacuum on (PostgreSQL's default); see docs/operations.md.",
+        id="mcptasks.W007",
+    )
+
+
 @register(Tags.database)
 def check_autovacuum(app_configs: Any, databases: Any = None, **kwargs: Any) -> list[Any]:
     """mcptasks.W007: PostgreSQL will not vacuum and analyze the task tables (``manage.py check
     --database default``; the worker logs the same warning when it starts)."""
-    problems: list[Any] = []
-    for alias in databases or ():
-        problem = autovacuum_problem(alias)
-        if problem:
-            problems.append(Warning(
-                f"{problem}: the task tables are never vacuumed nor analyzed.",
-                hint="Claims slow down as the task table grows (a plan made on the empty table, dead rows "
-                "never removed). Turn autovacuum on (PostgreSQL's default); see docs/operations.md.",
-                id="mcptasks.W007",
-            ))
-    return problems
+    return [w for w in (autovacuum_warning(alias) for alias in databases or ()) if w is not None]

@@ -36,10 +36,9 @@ class Command(BaseCommand):
         redis_url.require_supported(str(getattr(settings, "REDIS_URL", "") or ""), "worker")
         if opts["max_tasks"] is not None and opts["max_tasks"] < 1:
             raise CommandError("--max-tasks must be at least 1")
-        problem = checks.autovacuum_problem()
-        if problem:
-            logger.warning("%s: the task tables are never vacuumed nor analyzed, and claims slow down as the task "
-                           "table grows (mcptasks.W007, docs/operations.md)", problem)
+        warning = checks.autovacuum_warning()
+        if warning is not None:
+            logger.warning("%s %s (%s)", warning.msg, warning.hint, warning.id)
         worker = Worker(concurrency=opts["concurrency"], worker_id=opts["worker_id"], burst=opts["burst"],
                         max_tasks=opts["max_tasks"])
         asyncio.run(self._main(worker))
