@@ -104,9 +104,10 @@ def _ts(value: str) -> float:
 async def _caller(client: httpx.AsyncClient, url: str, headers: dict[str, str], stop_at: float,
                   out: list[tuple[float, ...]], failures: list[str]) -> None:
     """Closed loop until ``stop_at`` (monotonic): per task (done_at, create_ms, c2t_ms, seen_ms,
-    e2e_ms, sent_ms, first): ``sent_ms`` is the terminal timestamp to the sending of the
+    e2e_ms, sent_ms, first, requests): ``sent_ms`` is the terminal timestamp to the sending of the
     ``tasks/get`` that saw it, ``first`` 1 when no earlier ``tasks/get`` had been sent after that
-    timestamp (the first poll after the change saw it), else 0."""
+    timestamp (the first poll after the change saw it), else 0; ``requests`` the task's requests
+    (creation, polls, result)."""
     rid = 0
     while time.monotonic() < stop_at:
         try:
@@ -118,7 +119,9 @@ async def _caller(client: httpx.AsyncClient, url: str, headers: dict[str, str], 
             t_created = time.monotonic()
             task_id = created["result"]["task"]["taskId"]
             sent_wall = prev_sent_wall = 0.0
+            polls = 0
             while True:
+                polls += 1
                 await asyncio.sleep(0.1)
                 rid += 1
                 prev_sent_wall, sent_wall = sent_wall, time.time()
@@ -137,7 +140,7 @@ async def _caller(client: httpx.AsyncClient, url: str, headers: dict[str, str], 
             terminal_at = _ts(task["lastUpdatedAt"])
             out.append((t_done, (t_created - t0) * 1000, (terminal_at - _ts(task["createdAt"])) * 1000,
                         (seen_wall - terminal_at) * 1000, (t_done - t0) * 1000, (sent_wall - terminal_at) * 1000,
-                        1.0 if prev_sent_wall < terminal_at else 0.0))
+                        1.0 if prev_sent_wall < terminal_at else 0.0, float(polls + 2)))
         except Exception as exc:  # counted and reported: a server may fail under load
             failures.append(f"{type(exc).__name__}: {str(exc)[:160]}")
             await asyncio.sleep(0.1)
@@ -254,6 +257,8 @@ def run_round(name: str, urls: list[str], token: str, args: argparse.Namespace, 
     time.sleep(max(0.0, start_at - time.time()))
     roles_before = pids()
     before = _cpu_ticks([pid for group in roles_before.values() for pid in group])
+    # The load generator's own CPU, apart: it shares the cores with the target.
+    clients_before = _cpu_ticks([p.pid for p in procs if p.pid is not None])
     window_start = time.monotonic()
     window_end = window_start + args.seconds
     time.sleep(args.seconds)
@@ -261,6 +266,7 @@ def run_round(name: str, urls: list[str], token: str, args: argparse.Namespace, 
     for role, group in roles_before.items():
         roles[role] = list(set(roles.get(role, [])) | set(group))
     after = _cpu_ticks([pid for group in roles.values() for pid in group])
+    clients_after = _cpu_ticks(list(clients_before))
     load = Path("/proc/loadavg").read_text().split()[:3]
     results = [queue.get(timeout=args.seconds + 120) for _ in procs]
     for p in procs:
@@ -276,7 +282,9 @@ def run_round(name: str, urls: list[str], token: str, args: argparse.Namespace, 
         "create": [r[1] for r in rows], "c2t": [r[2] for r in rows], "seen": [r[3] for r in rows],
         "e2e": [r[4] for r in rows], "sent": [r[5] for r in rows], "first": [r[6] for r in rows],
         "cpu_ms_per_task": cpu_s * 1000 / n if n else float("nan"), "load": load,
-        "cpu_by_role": by_role,
+        "cpu_by_role": by_role, "requests": [r[7] for r in rows],
+        "client_cpu_ms_per_task": (sum(clients_after[pid] - clients_before[pid] for pid in clients_after)
+                                   / TICK * 1000 / n if n else float("nan")),
     }
     _print(stats)
     return stats
@@ -295,6 +303,9 @@ def _print(s: dict[str, Any]) -> None:
     if len(s.get("cpu_by_role", {})) > 1:
         print("    CPU ms/task by role: " + ", ".join(f"{role} {ms:.1f}" for role, ms in s["cpu_by_role"].items()),
               flush=True)
+    if s.get("requests"):
+        print(f"    load generator: {s['client_cpu_ms_per_task']:.1f} ms CPU/task for "
+              f"{statistics.mean(s['requests']):.2f} requests/task", flush=True)
     if s["failures"]:
         print(f"    {len(s['failures'])} failures, e.g. {s['failures'][0]}", flush=True)
 
@@ -311,14 +322,23 @@ def _summary(all_stats: list[dict[str, Any]]) -> None:
                             "failures": [f for r in runs for f in r["failures"]],
                             "cpu_ms_per_task": statistics.mean(r["cpu_ms_per_task"] for r in runs),
                             "load": runs[-1]["load"],
+                            "client_cpu_ms_per_task": statistics.mean(r["client_cpu_ms_per_task"] for r in runs),
                             "cpu_by_role": {role: statistics.mean(r["cpu_by_role"].get(role, 0.0) for r in runs)
                                             for role in runs[0]["cpu_by_role"]}}
-        for key in ("create", "c2t", "seen", "e2e", "sent", "first"):
+        for key in ("create", "c2t", "seen", "e2e", "sent", "first", "requests"):
             m[key] = [v for r in runs for v in r[key]]
         _print(m)
     for a, b in (("service", "peer"), ("base", "peer"), ("service", "base")):
         if a in merged and b in merged and merged[b]["per_s"]:
             print(f"  throughput {a}/{b}: {merged[a]['per_s'] / merged[b]['per_s']:.2f}x")
+    if "service" in merged and "peer" in merged:
+        # With every core busy, throughput is about cores / (target + load generator CPU per task):
+        # the ratio the service would reach at this CPU per task of its own, and at none at all.
+        sv, pe = merged["service"], merged["peer"]
+        peer_total = pe["cpu_ms_per_task"] + pe["client_cpu_ms_per_task"]
+        own, gen = sv["cpu_ms_per_task"], sv["client_cpu_ms_per_task"]
+        print(f"  CPU-bound model: service/peer = {peer_total:.1f} / ({own:.1f} + {gen:.1f}) = "
+              f"{peer_total / (own + gen):.2f}x; at zero service CPU {peer_total / gen:.2f}x")
 
 
 def exactly_once(dsn: str) -> str:

@@ -68,6 +68,23 @@ def _tenant_cap(concurrency: int) -> int | None:
     return max(1, concurrency - reserved) if reserved > 0 else None
 
 
+def tasks_may_wait(*, asked: int, claimed: int, busy: dict[int, int], cap: int | None) -> bool:
+    """After a claim round that asked for ``asked`` tasks and got ``claimed``: may runnable tasks
+    still wait that no wake-up will announce? ``busy``: the worker's runs per tenant, ``cap``: its
+    tenant cap (:func:`_tenant_cap`).
+
+    A created task wakes every worker (``NOTIFY`` or the channel layer), so a claim that found
+    fewer tasks than it asked for left none behind, and the next run whose tool returns need not
+    claim: at one task at a time that claim found nothing, one wasted claim statement per task in
+    every worker (issue 27; profile in ``bench/RESULTS.md``). Tasks may wait unannounced when the
+    round filled every slot it asked for (or could ask for none), or when a tenant is at its cap
+    here. A task of a tool at its ``max_concurrency`` is claimed when a run of that tool ends (see
+    ``Worker._start``). Tasks that become runnable later (a retry's delay, a lapsed lease) are
+    found by the poll every ``WORKER_POLL_S``, as before.
+    """
+    return asked <= 0 or claimed >= asked or (cap is not None and any(n >= cap for n in busy.values()))
+
+
 class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
     """Runs tools for tasks and plain requests; one instance per worker process (or embedded).
 
@@ -115,20 +132,19 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
         self.tool_executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="mcptasks-tool")
         self._lease = LeaseThread()
         self._housekeeping = LeaseThread()
-        #: On PostgreSQL claims have a thread (and connection) of their own: in the shared
-        #: database thread a claim queued behind every batch of outcomes and its fan-out while
-        #: slots were free (issue 27). SQLite serialises writers anyway (and an in-memory one
-        #: refuses a second writer at once): there claims stay in the database thread.
+        #: On PostgreSQL claims have a thread and connection of their own, not queued behind outcome
+        #: batches (issue 27); SQLite serialises writers anyway, so they stay in the database thread.
         self._claimer = LeaseThread() if connection.vendor == "postgresql" else None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._rejoining: asyncio.Future[Any] | None = None
         #: The webhook delivery loop while :meth:`run` runs.
         self._webhooks: webhooks.WebhookSender | None = None
         self._joined_at = 0.0
+        #: :func:`tasks_may_wait` after the last claim: only then does a returned run claim at once.
+        self._backlog = True
 
     def _free_slots(self) -> int:
-        """Runs this worker may start: ``concurrency`` minus the runs holding a slot (see
-        :func:`_holds_slot`), and never more than ``WAITING_FACTOR`` times ``concurrency`` in all."""
+        """Runs it may start: ``concurrency`` less those holding a slot, at most ``WAITING_FACTOR`` times it in all."""
         busy = sum(1 for _t, backend, _a in self.running.values() if _holds_slot(backend))
         return min(self.concurrency - busy, self.concurrency * WAITING_FACTOR - len(self.running))
 
@@ -161,9 +177,12 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
                     ) if free > 0 else []
                     for task in claimed:
                         self._start(task)
+                    self._backlog = tasks_may_wait(asked=free, claimed=len(claimed), busy=self._busy_by_tenant(),
+                                                   cap=_tenant_cap(self.concurrency))
                     if self._finished_its_work(claimed):
                         break
                 except Exception:
+                    self._backlog = True
                     logger.warning("claim loop failed; retrying after the poll interval", exc_info=True)
                 waiters = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(stop.wait())]
                 await asyncio.wait(waiters, timeout=s.WORKER_POLL_S, return_when=asyncio.FIRST_COMPLETED)
@@ -259,6 +278,7 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
     def _start(self, task: Task) -> None:
         self.started += 1
         backend = WorkerBackend(self, task)
+        limited = bool(getattr(self.registry.get_tool(task.tool_name), "max_concurrency", None))
         atask = asyncio.ensure_future(self._execute(task, backend))
         self.running[task.task_id] = (atask, backend, task.attempt)
 
@@ -267,11 +287,11 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
             entry = self.running.get(task.task_id)
             if entry is not None and entry[0] is atask:
                 self.running.pop(task.task_id, None)
-            # A returned run gave its slot back (and woke the loop) when its tool returned: its end
-            # frees nothing more unless the cap on all runs was the limit, or nothing runs any
-            # more (a burst or max-tasks worker then checks whether it is done). A second claim
-            # per task would mostly find an empty queue.
-            if not backend.finishing or capped or not self.running:
+            # A returned run freed its slot when its tool returned: its end frees nothing more
+            # unless the cap on all runs was the limit, its tool has a max_concurrency (counted
+            # until the outcome is written), or a burst or max-tasks worker may now be done.
+            if not backend.finishing or capped or limited or (
+                    not self.running and (self.burst or self.max_tasks is not None)):
                 self.wake.set()
 
         atask.add_done_callback(done)
@@ -282,7 +302,8 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
             outcome = await self._run(task, backend)
             if outcome is not None:
                 backend.finishing = True
-                self.wake.set()  # its slot is free: claim the next task while this one is written
+                if self._backlog:
+                    self.wake.set()  # its slot is free: claim the next task while this one is written
                 try:
                     # The latest progress held back by the rate limit goes out before the outcome.
                     await backend.flush_progress()

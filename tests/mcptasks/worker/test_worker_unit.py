@@ -439,12 +439,12 @@ async def test_a_run_whose_tool_returned_frees_its_slot_before_its_outcome_is_wr
     await asyncio.wait_for(run, timeout=5)
 
 
-async def test_a_returned_run_wakes_the_claim_loop_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A run whose tool returned wakes the loop when its slot frees (the tool returned), not
-    again when its outcome is written: with an empty queue that second claim found nothing, one
-    wasted claim statement per task. Only the last run's end wakes it again (a burst worker then
-    sees it is done)."""
-    w = Worker(concurrency=2, worker_id="w-wakes", registry_=reg, run_cleanup=False)
+async def _wakes_of_two_runs(monkeypatch: pytest.MonkeyPatch, *, backlog: bool, burst: bool = False,
+                             tool: str = "u_once") -> tuple[list[str], list[str]]:
+    """Two runs of ``tool`` in a worker whose last claim round left ``backlog``: the wake-ups of
+    the loop while the long one still runs (the short one ended), and after both ended."""
+    w = Worker(concurrency=2, worker_id="w-wakes", registry_=reg, run_cleanup=False, burst=burst)
+    w._backlog = backlog
     gate = asyncio.Event()
     wakes: list[str] = []
 
@@ -453,7 +453,7 @@ async def test_a_returned_run_wakes_the_claim_loop_once(monkeypatch: pytest.Monk
             wakes.append("wake")
             super().set()
 
-    async def tool(task: Task, backend: Any) -> Outcome:
+    async def run(task: Task, backend: Any) -> Outcome:
         if task.task_id == "t-long":
             await gate.wait()
         return Outcome(pk=1, attempt=1, status="completed", result={"content": []})
@@ -461,21 +461,69 @@ async def test_a_returned_run_wakes_the_claim_loop_once(monkeypatch: pytest.Monk
     async def finish(task: Task, outcome: Outcome) -> None:
         await asyncio.sleep(0)
 
+    async def settle(until: Any) -> None:
+        for _ in range(100):
+            if until():
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+
     w.wake = Counting()
-    monkeypatch.setattr(w, "_run", tool)
+    monkeypatch.setattr(w, "_run", run)
     monkeypatch.setattr(w, "_finish", finish)
-    w._start(Task(task_id="t-long", tool_name="u_once", attempt=1, tenant_id=7))
-    w._start(Task(task_id="t-short", tool_name="u_once", attempt=1, tenant_id=7))
-    for _ in range(100):
-        if "t-short" not in w.running:
-            break
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(0.05)
+    w._start(Task(task_id="t-long", tool_name=tool, attempt=1, tenant_id=7))
+    w._start(Task(task_id="t-short", tool_name=tool, attempt=1, tenant_id=7))
+    await settle(lambda: "t-short" not in w.running)
     assert "t-short" not in w.running and "t-long" in w.running
-    assert wakes == ["wake"], "the short run should wake the loop once, when its tool returned"
+    first = list(wakes)
     gate.set()
-    for _ in range(100):
-        if not w.running:
-            break
-        await asyncio.sleep(0.01)
-    assert wakes == ["wake"] * 3  # the long run: its tool returned, then the last run ended
+    await settle(lambda: not w.running)
+    assert not w.running
+    return first, wakes
+
+
+async def test_a_returned_run_wakes_the_claim_loop_once_when_tasks_may_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a backlog (the last claim round filled its slots), a run whose tool returned wakes the
+    loop when its slot frees, not again when its outcome is written: with an empty queue that
+    second claim found nothing, one wasted claim statement per task."""
+    first, after = await _wakes_of_two_runs(monkeypatch, backlog=True)
+    assert first == ["wake"], "the short run should wake the loop once, when its tool returned"
+    assert after == ["wake"] * 2  # the long run: when its tool returned, and not again
+
+
+async def test_a_returned_run_claims_nothing_when_no_task_waits_unannounced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27: when the last claim round found fewer tasks than free slots, every waiting task
+    was claimed and each new one wakes the workers itself: a run that ends wakes nobody. Before,
+    each run's end (and each last run's end) cost a claim that found nothing: 2.5 claim statements
+    per task at one creating client with two workers (bench/RESULTS.md)."""
+    first, after = await _wakes_of_two_runs(monkeypatch, backlog=False)
+    assert first == [] and after == []
+
+
+async def test_a_burst_worker_is_woken_when_its_last_run_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``--burst`` worker checks whether it is done when nothing runs any more."""
+    first, after = await _wakes_of_two_runs(monkeypatch, backlog=False, burst=True)
+    assert first == [] and after == ["wake"]
+
+
+async def test_the_end_of_a_limited_tools_run_wakes_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tool with ``max_concurrency`` has a slot free in every worker's count only once the run's
+    outcome is written: its waiting tasks are claimed then, by the worker whose run ended."""
+    first, after = await _wakes_of_two_runs(monkeypatch, backlog=False, tool="u_limited")
+    assert first == ["wake"] and after == ["wake"] * 2
+
+
+@pytest.mark.parametrize(("asked", "claimed", "running", "backlog"), [
+    (4, 1, 0, False),  # fewer than asked: nothing was left behind
+    (4, 4, 0, True),   # every slot filled: more may wait
+    (0, 0, 0, True),   # no slot free when woken: the wake-up went unserved
+    (1, 0, 3, True),   # the tenant is at its cap here (concurrency 4, one slot reserved)
+])
+def test_a_claim_round_notes_whether_tasks_may_wait_unannounced(
+    asked: int, claimed: int, running: int, backlog: bool
+) -> None:
+    from mcptasks.worker.loop import _tenant_cap, tasks_may_wait
+
+    cap = _tenant_cap(4)
+    assert cap == 3
+    assert tasks_may_wait(asked=asked, claimed=claimed, busy={7: running} if running else {}, cap=cap) is backlog
