@@ -180,6 +180,12 @@ class AppSettings:
         5.0, "Lease renewal and cancel-flag read interval. Must be shorter than the lease."
     )
     WORKER_POLL_S: float = setting(2.0, "Backstop claim polling when no wake-up arrives.")
+    WORKER_CLAIM_DELAY_S: float = setting(
+        0.01,
+        "A worker told of new tasks claims them this long after the first announcement, together with "
+        "those created meanwhile: one claim per burst instead of one per task in every worker. The "
+        "claim no longer competes with the creating request for the CPU (issue 27). `0`: claim at once.",
+    )
     WORKER_SHUTDOWN_GRACE_S: float = setting(
         20.0, "On SIGTERM, running tools get this long before they are handed back."
     )

@@ -20,6 +20,7 @@ import logging
 import os
 import secrets
 import socket
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -85,6 +86,30 @@ def tasks_may_wait(*, asked: int, claimed: int, busy: dict[int, int], cap: int |
     return asked <= 0 or claimed >= asked or (cap is not None and any(n >= cap for n in busy.values()))
 
 
+class Debounced:
+    """``fire`` once, ``delay`` seconds after the first of a burst of calls (at once if ``delay`` is
+    not positive). Called and fired on the running event loop."""
+
+    def __init__(self, fire: Callable[[], Any], delay: float) -> None:
+        self.fire, self.delay = fire, delay
+        self._pending: asyncio.TimerHandle | None = None
+
+    def __call__(self) -> None:
+        if self.delay <= 0:
+            self.fire()
+        elif self._pending is None:
+            self._pending = asyncio.get_running_loop().call_later(self.delay, self._fire)
+
+    def _fire(self) -> None:
+        self._pending = None
+        self.fire()
+
+    def cancel(self) -> None:
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
+
+
 class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
     """Runs tools for tasks and plain requests; one instance per worker process (or embedded).
 
@@ -115,18 +140,17 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
         self.registry = registry_ or registry
         self.running: dict[str, tuple[asyncio.Task[Any], WorkerBackend, int]] = {}
         self.wake = asyncio.Event()
+        #: Told of new tasks (NOTIFY, the channel layer): claims after ``WORKER_CLAIM_DELAY_S``.
+        self.announce: Debounced = Debounced(self.wake.set, s.WORKER_CLAIM_DELAY_S)
         self.stopping = False
         self.run_cleanup = run_cleanup
         self.channel: str | None = None
-        #: Set when a handed-back sync tool may still be running in a thread at exit.
-        self.abandoned_threads = False
-        #: Runs handed back at shutdown (released leases), for whoever reports the shutdown.
-        self.handed_back_total = 0
+        #: Whether a handed-back sync tool may still run in a thread at exit; runs handed back at shutdown.
+        self.abandoned_threads, self.handed_back_total = False, 0
         self._layer = get_channel_layer()
         self._last_cleanup = 0.0
         self._last_reap = 0.0
-        #: Outcomes waiting for the batch writer, and the writer while it runs.
-        self._outcomes: list[tuple[Task, Outcome, asyncio.Future[bool]]] = []
+        self._outcomes: list[tuple[Task, Outcome, asyncio.Future[bool]]] = []  # for the batch writer
         self._writer: asyncio.Future[None] | None = None
         #: Sync tools run here (never in the default executor, which others share).
         self.tool_executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="mcptasks-tool")
@@ -155,7 +179,7 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
         await self._heartbeat_row()
         listener = asyncio.ensure_future(self._listen())
         # Tasks created in one statement wake us through PostgreSQL (see mcptasks.db.wakeups).
-        notified = asyncio.ensure_future(wakeups.listen(self.wake.set)) if wakeups.via_postgres() else None
+        notified = asyncio.ensure_future(wakeups.listen(self.announce)) if wakeups.via_postgres() else None
         heart = asyncio.ensure_future(self._heartbeat_loop())
         sealer = asyncio.ensure_future(self._seal_loop()) if self.run_cleanup else None
         # Webhook deliveries go out from every worker (rows are claimed, so workers share them).
@@ -195,6 +219,7 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
                 await self._drain(s.WORKER_SHUTDOWN_GRACE_S)
             finally:
                 heart.cancel()
+                self.announce.cancel()
                 listener.cancel()
                 if notified is not None:
                     notified.cancel()

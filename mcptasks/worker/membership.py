@@ -26,6 +26,7 @@ class ChannelMembership:
     channel: str | None
     stopping: bool
     wake: asyncio.Event
+    announce: Callable[[], None]
     running: dict[str, Any]
     _layer: Any
     _loop: asyncio.AbstractEventLoop | None
@@ -105,7 +106,7 @@ class ChannelMembership:
                 continue
             kind = msg.get("type")
             if kind == "worker.wake":
-                self.wake.set()
+                self.announce()
             elif kind == "task.signal":
                 entry = self.running.get(msg.get("task_id", ""))
                 if entry is None:

@@ -527,3 +527,36 @@ def test_a_claim_round_notes_whether_tasks_may_wait_unannounced(
     cap = _tenant_cap(4)
     assert cap == 3
     assert tasks_may_wait(asked=asked, claimed=claimed, busy={7: running} if running else {}, cap=cap) is backlog
+
+
+async def test_announcements_within_the_claim_delay_wake_the_claim_loop_once(settings: Any) -> None:
+    """Issue 27: every new task is announced to every worker. Within ``WORKER_CLAIM_DELAY_S`` of
+    the first announcement the others join it: one claim for the burst, made after the creating
+    requests were answered (at one creating client, two claims per task ran while the creation
+    waited, doubling its latency)."""
+    settings.MCPTASKS = {**settings.MCPTASKS, "WORKER_CLAIM_DELAY_S": 0.05}
+    w = Worker(concurrency=2, worker_id="w-delay", registry_=reg, run_cleanup=False)
+    fired: list[float] = []
+    loop = asyncio.get_running_loop()
+    w.announce.fire = lambda: fired.append(loop.time())
+    start = loop.time()
+    for _ in range(3):
+        w.announce()
+        await asyncio.sleep(0.01)
+    assert fired == []  # still within the delay
+    await asyncio.sleep(0.08)
+    assert len(fired) == 1 and fired[0] - start >= 0.045
+    w.announce()  # a later burst gets a claim of its own
+    await asyncio.sleep(0.08)
+    assert len(fired) == 2
+    w.announce()
+    w.announce.cancel()  # a stopping worker leaves no timer behind
+    await asyncio.sleep(0.08)
+    assert len(fired) == 2
+
+
+async def test_without_a_claim_delay_an_announcement_wakes_the_loop_at_once(settings: Any) -> None:
+    settings.MCPTASKS = {**settings.MCPTASKS, "WORKER_CLAIM_DELAY_S": 0}
+    w = Worker(concurrency=2, worker_id="w-now", registry_=reg, run_cleanup=False)
+    w.announce()
+    assert w.wake.is_set()
