@@ -18,7 +18,14 @@ Per round and target it prints:
 - end to end: call sent -> ``tasks/result`` answered (p50/p99);
 - CPU per task: user + system time read from ``/proc`` of the service's processes (web processes,
   workers and the PostgreSQL backends of the bench's database; Redis is shared with other users of
-  the machine and not counted) or of the peer's process, divided by the tasks completed.
+  the machine and not counted) or of the peer's process, divided by the tasks completed;
+- the load generator's own CPU per task (its client processes) and requests per task (creation,
+  polls, result).
+
+The summary adds a CPU-bound model: with every core busy, throughput is about cores / (target +
+load generator CPU per task), so service / peer is about (peer + its load generator) / (service +
+its load generator). It prints that ratio at the measured CPU and at none of the service's own:
+the ceiling this machine allows while the load generator shares its cores.
 
 After the rounds it checks that every task of the service completed exactly once (one attempt,
 the tool's own output). Usage (PostgreSQL + Redis as in CI)::

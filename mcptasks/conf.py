@@ -181,7 +181,7 @@ class AppSettings:
     )
     WORKER_POLL_S: float = setting(2.0, "Backstop claim polling when no wake-up arrives.")
     WORKER_CLAIM_DELAY_S: float = setting(
-        0.01,
+        0.02,
         "A worker told of new tasks claims them this long after the first announcement, together with "
         "those created meanwhile: one claim per burst instead of one per task in every worker. The "
         "claim no longer competes with the creating request for the CPU (issue 27). `0`: claim at once.",
