@@ -30,25 +30,24 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import httpx  # noqa: E402
-
-from bench.e2e_load import AutovacuumStandIn, _pct, _post, _session, _start_service, server_autovacuum, start_peer  # noqa: E402
+from bench.e2e_load import AutovacuumStandIn, _pct, _start_service, server_autovacuum, start_peer  # noqa: E402
+from bench.loadclient import CLIENTS, make_client, open_session  # noqa: E402
 from tests.support.servers import WEB_SERVERS  # noqa: E402
 
 
 async def _level(urls: list[str], tokens: list[str], clients: int, seconds: float, *, first: int = 0,
-                 start_at: float | None = None) -> tuple[int, list[float], int]:
+                 start_at: float | None = None, kind: str = "aiohttp") -> tuple[int, list[float], int]:
     """``clients`` closed-loop creators for ``seconds`` (client i uses ``tokens[(first + i) % len]``,
     a tenant each), starting at ``start_at`` (wall clock) if given: (creations, latencies in ms,
     failures)."""
-    limits = httpx.Limits(max_connections=clients * 2, max_keepalive_connections=clients * 2)
     latencies: list[float] = []
     failures = 0
-    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+    client = make_client(kind, clients * 2)
+    try:
         sessions = []
         for i in range(first, first + clients):
             url = urls[i % len(urls)]
-            sessions.append((url, await _session(client, url, tokens[i % len(tokens)])))
+            sessions.append((url, await open_session(client, url, tokens[i % len(tokens)])))
         if start_at is not None:
             await asyncio.sleep(max(0.0, start_at - time.time()))
         stop_at = time.monotonic() + seconds
@@ -60,7 +59,7 @@ async def _level(urls: list[str], tokens: list[str], clients: int, seconds: floa
                 rid += 1
                 t0 = time.monotonic()
                 try:
-                    reply = await _post(client, url, headers, {
+                    reply = await client.post(url, headers, {
                         "jsonrpc": "2.0", "id": rid, "method": "tools/call",
                         "params": {"name": "demo_sleep", "arguments": {"ms": 50}, "task": {"ttl": 600_000}}})
                     if "result" not in reply:
@@ -70,28 +69,30 @@ async def _level(urls: list[str], tokens: list[str], clients: int, seconds: floa
                     failures += 1
 
         await asyncio.gather(*[creator(*s) for s in sessions])
+    finally:
+        await client.aclose()
     return len(latencies), latencies, failures
 
 
-def _level_proc(args: tuple[list[str], list[str], int, float, int, float], queue: Any) -> None:
-    urls, tokens, clients, seconds, first, start_at = args
-    queue.put(asyncio.run(_level(urls, tokens, clients, seconds, first=first, start_at=start_at)))
+def _level_proc(args: tuple[list[str], list[str], int, float, int, float, str], queue: Any) -> None:
+    urls, tokens, clients, seconds, first, start_at, kind = args
+    queue.put(asyncio.run(_level(urls, tokens, clients, seconds, first=first, start_at=start_at, kind=kind)))
 
 
-def level(urls: list[str], tokens: list[str], clients: int, seconds: float, procs: int
+def level(urls: list[str], tokens: list[str], clients: int, seconds: float, procs: int, kind: str
           ) -> tuple[int, list[float], int]:
     """:func:`_level` with the clients spread over up to ``procs`` client processes started
     together (one asyncio process driving 50 connections spent 4 ms of CPU per creation in
     httpx's connection pool, against 1.1 ms at 10: the client, not the server, set the pace)."""
     if procs <= 1 or clients <= 1:
-        return asyncio.run(_level(urls, tokens, clients, seconds))
+        return asyncio.run(_level(urls, tokens, clients, seconds, kind=kind))
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     n = min(procs, clients)
     per = [clients // n + (1 if i < clients % n else 0) for i in range(n)]
     start_at = time.time() + 6.0  # every process has its sessions before the clock starts
     firsts = [sum(per[:i]) for i in range(n)]
-    workers = [ctx.Process(target=_level_proc, args=((urls, tokens, k, seconds, first, start_at), queue))
+    workers = [ctx.Process(target=_level_proc, args=((urls, tokens, k, seconds, first, start_at, kind), queue))
                for k, first in zip(per, firsts, strict=True)]
     for w in workers:
         w.start()
@@ -112,6 +113,8 @@ def main() -> None:
                              "limits), next to the one-tenant run: no global hot row means the same throughput")
     parser.add_argument("--server", choices=tuple(WEB_SERVERS), default="granian",
                         help="the service's web server (default granian, the documented production server)")
+    parser.add_argument("--client", choices=CLIENTS, default="aiohttp",
+                        help="the load generator's HTTP client (bench/loadclient.py)")
     parser.add_argument("--autovacuum", type=float, default=0.0, metavar="S",
                         help="stand in for autovacuum every S seconds (see bench/e2e_load.py)")
     args = parser.parse_args()
@@ -135,13 +138,13 @@ def main() -> None:
     try:
         print(f"creation load: closed loop, {args.seconds:.0f} s per level and target, demo_sleep 50 ms tasks; "
               f"service: 2 {args.server} + 2 workers x {args.concurrency}; peer: mcp SDK, 1 uvicorn; "
-              f"{os.cpu_count()} CPUs; PostgreSQL autovacuum {server_autovacuum(dsn)}"
+              f"{os.cpu_count()} CPUs; client {args.client}; PostgreSQL autovacuum {server_autovacuum(dsn)}"
               + (f", stand-in every {args.autovacuum:g} s" if standin else ""),
               flush=True)
         for clients in (int(x) for x in args.levels.split(",")):
             got = {}
             for name, target, toks in targets:
-                n, lat, failed = level(target, toks, clients, args.seconds, args.procs)
+                n, lat, failed = level(target, toks, clients, args.seconds, args.procs, args.client)
                 got[name] = (n / args.seconds, statistics.median(lat) if lat else float("nan"), _pct(lat, 0.99))
                 load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
                 print(f"  {clients:3d} clients  {name:<8} {got[name][0]:7.1f} creations/s | "

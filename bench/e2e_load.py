@@ -5,7 +5,10 @@ caller creates a task of ``demo_sleep(ms=50)`` (``tools/call`` + ``task``), poll
 every 100 ms until the task is terminal, then reads ``tasks/result``, and starts again. It runs
 against the service (2 web processes, granian by default, + 2 workers of ``--concurrency`` slots, PostgreSQL +
 Redis, the tenant without limits or rates) and against the official SDK peer
-(``bench/peers/sdk_server.py``, one uvicorn process), in interleaved rounds of ``--seconds``.
+(``bench/peers/sdk_server.py``, one uvicorn process), in interleaved rounds of ``--seconds``. The
+peer is started anew for each round (``--no-peer-per-round``: one peer for the whole run): the
+SDK's in-memory store keeps every task for its ttl and slows as they pile up (79/s in a second
+round against 179/s in the first), so a fresh peer is the comparison least kind to the service.
 
 Per round and target it prints:
 
@@ -20,7 +23,8 @@ Per round and target it prints:
   workers and the PostgreSQL backends of the bench's database; Redis is shared with other users of
   the machine and not counted) or of the peer's process, divided by the tasks completed;
 - the load generator's own CPU per task (its client processes) and requests per task (creation,
-  polls, result).
+  polls, result). ``--client`` picks its HTTP client (``bench/loadclient.py``): aiohttp by
+  default, httpx (the client of the earlier sessions' figures) for about 3x its CPU.
 
 The summary adds a CPU-bound model: with every core busy, throughput is about cores / (target +
 load generator CPU per task), so service / peer is about (peer + its load generator) / (service +
@@ -49,7 +53,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing as mp
 import os
 import statistics
@@ -66,9 +69,9 @@ sys.path.insert(0, str(REPO))
 
 import httpx  # noqa: E402
 
+from bench.loadclient import CLIENTS, LoadClient, make_client, open_session  # noqa: E402
 from tests.support.servers import FAST_SETTINGS, WEB_SERVERS, descendants, free_port, make_stack  # noqa: E402
 
-ACCEPT = "application/json, text/event-stream"
 TERMINAL = {"completed", "failed", "cancelled"}
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -76,39 +79,11 @@ TICK = os.sysconf("SC_CLK_TCK")
 # --- the load generator (runs in each client process) -------------------------------------------
 
 
-async def _post(client: httpx.AsyncClient, url: str, headers: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
-    """POST one request; the JSON-RPC response with its id (JSON or SSE)."""
-    async with client.stream("POST", url, headers=headers, json=body) as resp:
-        if resp.status_code >= 400:
-            raise RuntimeError(f"{body['method']}: HTTP {resp.status_code} {(await resp.aread())[:200]!r}")
-        if resp.headers.get("content-type", "").startswith("application/json"):
-            return dict(json.loads(await resp.aread()))
-        async for line in resp.aiter_lines():
-            if line.startswith("data:") and line[5:].strip():
-                msg = json.loads(line[5:])
-                if msg.get("id") == body.get("id") and ("result" in msg or "error" in msg):
-                    return dict(msg)
-    raise RuntimeError(f"{body['method']}: stream ended without a response")
-
-
-async def _session(client: httpx.AsyncClient, url: str, token: str) -> dict[str, str]:
-    base = {"Accept": ACCEPT, "Content-Type": "application/json"}
-    if token:
-        base["Authorization"] = f"Bearer {token}"
-    resp = await client.post(url, headers=base, json={
-        "jsonrpc": "2.0", "id": 0, "method": "initialize",
-        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "e2e", "version": "1"}}})
-    resp.raise_for_status()
-    headers = {**base, "Mcp-Session-Id": resp.headers.get("mcp-session-id", ""), "MCP-Protocol-Version": "2025-11-25"}
-    await client.post(url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
-    return headers
-
-
 def _ts(value: str) -> float:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
-async def _caller(client: httpx.AsyncClient, url: str, headers: dict[str, str], stop_at: float,
+async def _caller(client: LoadClient, url: str, headers: dict[str, str], stop_at: float,
                   out: list[tuple[float, ...]], failures: list[str]) -> None:
     """Closed loop until ``stop_at`` (monotonic): per task (done_at, create_ms, c2t_ms, seen_ms,
     e2e_ms, sent_ms, first, requests): ``sent_ms`` is the terminal timestamp to the sending of the
@@ -120,7 +95,7 @@ async def _caller(client: httpx.AsyncClient, url: str, headers: dict[str, str], 
         try:
             rid += 1
             t0 = time.monotonic()
-            created = await _post(client, url, headers, {
+            created = await client.post(url, headers, {
                 "jsonrpc": "2.0", "id": rid, "method": "tools/call",
                 "params": {"name": "demo_sleep", "arguments": {"ms": 50}, "task": {"ttl": 600_000}}})
             t_created = time.monotonic()
@@ -132,14 +107,14 @@ async def _caller(client: httpx.AsyncClient, url: str, headers: dict[str, str], 
                 await asyncio.sleep(0.1)
                 rid += 1
                 prev_sent_wall, sent_wall = sent_wall, time.time()
-                got = await _post(client, url, headers, {"jsonrpc": "2.0", "id": rid, "method": "tasks/get",
+                got = await client.post(url, headers, {"jsonrpc": "2.0", "id": rid, "method": "tasks/get",
                                                          "params": {"taskId": task_id}})
                 seen_wall = time.time()
                 task = got["result"]
                 if task["status"] in TERMINAL:
                     break
             rid += 1
-            done = await _post(client, url, headers, {"jsonrpc": "2.0", "id": rid, "method": "tasks/result",
+            done = await client.post(url, headers, {"jsonrpc": "2.0", "id": rid, "method": "tasks/result",
                                                       "params": {"taskId": task_id}})
             t_done = time.monotonic()
             if "error" in done or task["status"] != "completed":
@@ -153,22 +128,25 @@ async def _caller(client: httpx.AsyncClient, url: str, headers: dict[str, str], 
             await asyncio.sleep(0.1)
 
 
-async def _client_main(urls: list[str], token: str, callers: int, start_at: float, seconds: float
+async def _client_main(urls: list[str], token: str, callers: int, start_at: float, seconds: float, kind: str
                        ) -> tuple[list[tuple[float, ...]], list[str]]:
     out: list[tuple[float, ...]] = []
     failures: list[str] = []
-    limits = httpx.Limits(max_connections=callers * 2, max_keepalive_connections=callers * 2)
-    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+    client = make_client(kind, callers * 2)
+    try:
         # One session per caller (a client of its own), the callers spread over the web processes.
-        sessions = [(urls[i % len(urls)], await _session(client, urls[i % len(urls)], token)) for i in range(callers)]
+        sessions = [(urls[i % len(urls)], await open_session(client, urls[i % len(urls)], token))
+                    for i in range(callers)]
         await asyncio.sleep(max(0.0, start_at - time.time()))
         stop_at = time.monotonic() + seconds
         await asyncio.gather(*[_caller(client, *sessions[i], stop_at, out, failures) for i in range(callers)])
+    finally:
+        await client.aclose()
     # monotonic clocks are system-wide on Linux: the parent compares done_at with its own window.
     return out, failures
 
 
-def _client_proc(args: tuple[list[str], str, int, float, float], queue: Any) -> None:
+def _client_proc(args: tuple[list[str], str, int, float, float, str], queue: Any) -> None:
     queue.put(asyncio.run(_client_main(*args)))
 
 
@@ -257,7 +235,7 @@ def run_round(name: str, urls: list[str], token: str, args: argparse.Namespace, 
     queue = ctx.Queue()
     per = [args.callers // args.procs + (1 if i < args.callers % args.procs else 0) for i in range(args.procs)]
     start_at = time.time() + 8.0  # every client process has its sessions before the clock starts
-    procs = [ctx.Process(target=_client_proc, args=((urls, token, n, start_at, args.seconds), queue))
+    procs = [ctx.Process(target=_client_proc, args=((urls, token, n, start_at, args.seconds, args.client), queue))
              for n in per]
     for p in procs:
         p.start()
@@ -422,6 +400,11 @@ def main() -> None:
     parser.add_argument("--callers", type=int, default=60)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--only", choices=("service", "peer"))
+    parser.add_argument("--client", choices=CLIENTS, default="aiohttp",
+                        help="the load generator's HTTP client (bench/loadclient.py; httpx costs about 3x the CPU)")
+    parser.add_argument("--peer-per-round", action=argparse.BooleanOptionalAction, default=True,
+                        help="start a new SDK peer for each round (default): its in-memory store, which slows as "
+                             "tasks pile up, starts empty in every round; --no-peer-per-round keeps one peer")
     parser.add_argument("--server", choices=tuple(WEB_SERVERS), default="granian",
                         help="the service's web server (default granian, the documented production server)")
     parser.add_argument("--base", type=Path, help="another checkout (e.g. a worktree of main): measured as 'base' "
@@ -451,17 +434,25 @@ def main() -> None:
                 maintenance += f", stand-in every {args.autovacuum:g} s"
         print(f"e2e load: {args.procs} client processes, {args.callers} callers, demo_sleep 50 ms, tasks/get every "
               f"100 ms; service: 2 {args.server} + 2 workers x {args.concurrency}; peer: mcp SDK, 1 uvicorn; "
-              f"{args.rounds} x {args.seconds:.0f} s rounds; {os.cpu_count()} CPUs"
+              f"{args.rounds} x {args.seconds:.0f} s rounds; {os.cpu_count()} CPUs; client {args.client}"
               + (f"; base: {args.base}" if args.base else "") + maintenance, flush=True)
         stats = []
         for i in range(args.rounds):
             print(f"round {i + 1}:", flush=True)
-            for name, (stack, token, urls, pids) in stacks.items():
+            # Alternate the order: the target measured right after another pays for the work
+            # the other left behind (its vacuums, its sealer catching up).
+            for name, (stack, token, urls, pids) in (list(stacks.items())[::-1] if i % 2 else stacks.items()):
                 dsn = stack.env["DATABASE_URL"]
                 stats.append(run_round(name, urls, token, args,
                                        lambda pids=pids, dsn=dsn: {**pids, "postgres": _pg_backends(dsn)}))
             if args.only != "service":
-                stats.append(run_round("peer", [peer_url], "", args, lambda: {"peer": [peer.pid]}))
+                if args.peer_per_round and i > 0:
+                    # A new peer each round: its in-memory store starts empty, as in round 1
+                    # (the SDK's slows as the tasks it keeps for their ttl pile up).
+                    peer.kill()
+                    peer.wait(10)
+                    peer, peer_url = start_peer()
+                stats.append(run_round("peer", [peer_url], "", args, lambda current=peer: {"peer": [current.pid]}))
         _summary(stats)
         if standin is not None:
             print(standin.stop())

@@ -46,6 +46,10 @@ def _build() -> str:
         pk = q(str(Task._meta.pk.column))
         release = quotas.one_statement_release_sql(released="won", fallback="%(fallback)s")
         publish = events.one_statement_publish_sql(notes="notes", now="%(now)s", cap="%(cap)s")
+        # `hooked` and `locked` find the runs' rows by key (`= ANY` of the array: a primary-key
+        # index scan), never by joining the task table to `input`: a plan made while the table
+        # was small hashes the whole table, and kept as the generic plan it read every task's
+        # page on every finish (999 buffers a call after half a minute of the e2e load).
         _statement = f"""
             WITH input AS (
                 SELECT * FROM unnest(%(pks)s::bigint[], %(attempts)s::integer[], %(statuses)s::text[],
@@ -56,12 +60,13 @@ def _build() -> str:
             hooked AS (
                 SELECT EXISTS (
                     SELECT 1 FROM {hooks} e WHERE e.{q("enabled")} AND e.{q("tenant_id")} IN (
-                        SELECT t.{q("tenant_id")} FROM {task} t JOIN input i ON t.{pk} = i.pk)
+                        SELECT t.{q("tenant_id")} FROM {task} t WHERE t.{pk} = ANY(%(pks)s::bigint[]))
                 ) AS hooked
             ),
             locked AS MATERIALIZED (
                 SELECT t.{pk} AS pk FROM {task} t JOIN input i ON t.{pk} = i.pk AND t.{q("attempt")} = i.attempt
-                WHERE t.{q("status")} = ANY(%(live)s::text[]) AND NOT (SELECT hooked FROM hooked)
+                WHERE t.{pk} = ANY(%(pks)s::bigint[]) AND t.{q("status")} = ANY(%(live)s::text[])
+                  AND NOT (SELECT hooked FROM hooked)
                 ORDER BY t.{pk} FOR NO KEY UPDATE OF t
             ),
             won AS (

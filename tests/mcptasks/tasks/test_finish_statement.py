@@ -18,11 +18,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
+from django.utils import timezone
 
 from mcptasks.models import AuditEvent, Outcome, StreamCursor, StreamEvent, Task, TaskMessage
 from mcptasks.streams import events, signals
-from mcptasks.tasks import transitions
+from mcptasks.tasks import finishsql, transitions
 from tenants import quotas
 from tenants.models import Principal, Tenant
 from tenants.selectors import clear_limits_cache
@@ -224,3 +225,54 @@ def test_the_statement_is_prepared_once_per_connection_without_a_pooler(settings
                                                             result={"content": []}))]) == [True]
     assert _prepared_finishes() == 1
     assert Task.objects.filter(session_id=session.pk, status="completed").count() == 5
+
+
+def _task_pages_fetched() -> int:
+    """Pages of the task table and its indexes this transaction has asked for so far."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT COALESCE(SUM(pg_stat_get_xact_blocks_fetched(c.oid)), 0) FROM pg_class c "
+            "WHERE c.oid = %s::regclass OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = %s::regclass)",
+            [Task._meta.db_table, Task._meta.db_table])
+        return int(cur.fetchone()[0])
+
+
+def _stored_tasks(template: Task, n: int, first: int) -> None:
+    """``n`` completed tasks like ``template``, written at once."""
+    Task.objects.bulk_create([
+        Task(tenant_id=template.tenant_id, principal_id=template.principal_id, session_id=template.session_id,
+             tool_name=template.tool_name, params=template.params, created_at=template.created_at,
+             last_updated_at=template.last_updated_at, ttl_ms=template.ttl_ms, status="completed",
+             task_id=f"stored-{first + i}")
+        for i in range(n)], batch_size=1000)
+
+
+def test_a_batch_reads_its_own_rows_by_key_however_many_tasks_are_stored() -> None:
+    """The plan the server keeps for the prepared statement (the generic plan, made while the
+    table was small) still reads a few dozen pages of the task table and its indexes for a batch
+    of two after 3,000 more tasks are stored: the runs' rows were found by joining the table to
+    the batch, which that plan did by hashing every row (999 pages a call after half a minute of
+    ``bench/e2e_load.py``)."""
+    auth = make_auth()
+    session = make_session(auth)
+    template = _claimed(make_task(auth, session))
+    _stored_tasks(template, 300, 0)
+    with connection.cursor() as cur:
+        cur.execute(f"ANALYZE {connection.ops.quote_name(Task._meta.db_table)}")
+        cur.execute("SET plan_cache_mode = force_generic_plan")
+    try:
+        # The first batch makes the plan on the small table; the second runs it on the large one.
+        for first in (1000, 4000):
+            runs = [_claimed(make_task(auth, session)) for _ in range(2)]
+            if first == 4000:
+                _stored_tasks(template, 3000, first)
+            outcomes = [Outcome(pk=t.pk, attempt=1, status="completed", result={"content": []}) for t in runs]
+            with transaction.atomic():
+                before = _task_pages_fetched()
+                written = finishsql.finish(outcomes, now=timezone.now(), notes=[(None, None)] * len(outcomes))
+                fetched = _task_pages_fetched() - before
+            assert written is not None and sorted(written.won) == sorted(t.pk for t in runs)
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("RESET plan_cache_mode")
+    assert fetched < 150, f"the finish of 2 runs asked for {fetched} pages of the task table and its indexes"
