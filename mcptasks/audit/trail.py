@@ -131,12 +131,15 @@ def append_many(events: Iterable[AuditEvent]) -> None:
 def _heads(chains: set[int]) -> dict[int, tuple[int, str]]:
     """(last sequence number, its hash) of each chain: its newest sealed event or prune anchor."""
     heads: dict[int, tuple[int, str]] = {c: (0, "") for c in chains}
-    last = dict(
-        AuditEvent.objects.filter(chain__in=chains, chain_seq__isnull=False)
-        .values_list("chain").annotate(m=Max("chain_seq")).values_list("chain", "m")
-    )
-    for chain, seq in last.items():
-        heads[chain] = (seq, AuditEvent.objects.filter(chain=chain, chain_seq=seq).values_list("hash", flat=True)[0])
+    for chain in chains:
+        # The newest sealed event of the chain: a backward scan of the (chain, chain_seq) unique
+        # index that stops at its first row. A MAX(chain_seq) grouped by chain read every sealed
+        # event of the chain on every pass, so a pass grew with the tenant's whole history.
+        newest = (AuditEvent.objects.filter(chain=chain, chain_seq__isnull=False).order_by("-chain_seq")
+                  .values_list("chain_seq", "hash").first())
+        if newest is not None:
+            seq, head = newest
+            heads[chain] = (int(seq), head)
     for anchor in AuditAnchor.objects.filter(chain__in=chains, kind=AuditAnchor.Kind.PRUNE):
         if anchor.seq > heads[anchor.chain][0]:
             heads[anchor.chain] = (anchor.seq, anchor.head)

@@ -23,6 +23,7 @@ from mcptasks.protocol.messages import TaskIdParams
 from mcptasks.tasks import auditing, transitions
 from tenants.auth import AuthContext
 from tests.support.factories import make_auth
+from tests.support.pages import pages_fetched
 from tests.support.requirements import require_postgres
 
 pytestmark = pytest.mark.django_db
@@ -297,3 +298,20 @@ def test_a_sealing_pass_writes_its_seals_in_one_statement_on_postgresql(auth: Au
     assert [e.chain_seq for e in sealed] == list(range(1, 13))
     assert all(e.sealed_at is not None and len(e.hash) == 64 for e in sealed)
     assert _verify(auth).ok
+
+
+def test_a_sealing_pass_finds_a_chains_head_without_reading_its_history(auth: AuthContext) -> None:
+    """PostgreSQL: with 3,000 sealed events in a tenant's chain, finding its head reads a few
+    pages of the audit table and its indexes, not the chain (a MAX grouped by chain read every
+    sealed event on every pass: a pass grew with the tenant's whole history)."""
+    require_postgres()
+    audit.append_many(audit.event(tenant_id=auth.tenant_id, principal_id=auth.principal_id, action="test.history",
+                                  data={"n": n}) for n in range(3000))
+    assert audit.seal_all() == 3000
+    newest = AuditEvent.objects.get(chain=auth.tenant_id, chain_seq=3000)
+    with transaction.atomic():
+        before = pages_fetched(AuditEvent)
+        heads = audit._heads({auth.tenant_id})
+        fetched = pages_fetched(AuditEvent) - before
+    assert heads == {auth.tenant_id: (3000, newest.hash)}
+    assert fetched < 30, f"finding the head of a chain of 3,000 events asked for {fetched} pages"

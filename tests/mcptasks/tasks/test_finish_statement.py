@@ -28,6 +28,7 @@ from tenants import quotas
 from tenants.models import Principal, Tenant
 from tenants.selectors import clear_limits_cache
 from tests.support.factories import in_thread_db, make_auth, make_session, make_task
+from tests.support.pages import pages_fetched
 from tests.support.requirements import require_postgres
 from tests.support.row_locks import counter_rows_held
 
@@ -227,16 +228,6 @@ def test_the_statement_is_prepared_once_per_connection_without_a_pooler(settings
     assert Task.objects.filter(session_id=session.pk, status="completed").count() == 5
 
 
-def _task_pages_fetched() -> int:
-    """Pages of the task table and its indexes this transaction has asked for so far."""
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT COALESCE(SUM(pg_stat_get_xact_blocks_fetched(c.oid)), 0) FROM pg_class c "
-            "WHERE c.oid = %s::regclass OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = %s::regclass)",
-            [Task._meta.db_table, Task._meta.db_table])
-        return int(cur.fetchone()[0])
-
-
 def _stored_tasks(template: Task, n: int, first: int) -> None:
     """``n`` completed tasks like ``template``, written at once."""
     Task.objects.bulk_create([
@@ -268,9 +259,9 @@ def test_a_batch_reads_its_own_rows_by_key_however_many_tasks_are_stored() -> No
                 _stored_tasks(template, 3000, first)
             outcomes = [Outcome(pk=t.pk, attempt=1, status="completed", result={"content": []}) for t in runs]
             with transaction.atomic():
-                before = _task_pages_fetched()
+                before = pages_fetched(Task)
                 written = finishsql.finish(outcomes, now=timezone.now(), notes=[(None, None)] * len(outcomes))
-                fetched = _task_pages_fetched() - before
+                fetched = pages_fetched(Task) - before
             assert written is not None and sorted(written.won) == sorted(t.pk for t in runs)
     finally:
         with connection.cursor() as cur:
