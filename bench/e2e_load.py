@@ -26,10 +26,11 @@ Per round and target it prints:
   polls, result). ``--client`` picks its HTTP client (``bench/loadclient.py``): aiohttp by
   default, httpx (the client of the earlier sessions' figures) for about 3x its CPU.
 
-The summary adds a CPU-bound model: with every core busy, throughput is about cores / (target +
-load generator CPU per task), so service / peer is about (peer + its load generator) / (service +
-its load generator). It prints that ratio at the measured CPU and at none of the service's own:
-the ceiling this machine allows while the load generator shares its cores.
+The summary adds a CPU-bound model. The service's processes share every core with the load
+generator: it completes at most cores / (service + load generator CPU per task) tasks a second.
+The peer is one process, so one core at most: 1 / (peer CPU per task), or the machine's bound
+if that is lower. The model prints both bounds, their ratio, and the service CPU per task at
+which the ratio would reach 1.5x with the same load generator.
 
 After the rounds it checks that every task of the service completed exactly once (one attempt,
 the tool's own output). Usage (PostgreSQL + Redis as in CI)::
@@ -320,10 +321,16 @@ def _summary(all_stats: list[dict[str, Any]]) -> None:
         # With every core busy, throughput is about cores / (target + load generator CPU per task):
         # the ratio the service would reach at this CPU per task of its own, and at none at all.
         sv, pe = merged["service"], merged["peer"]
-        peer_total = pe["cpu_ms_per_task"] + pe["client_cpu_ms_per_task"]
+        cores = os.cpu_count() or 1
         own, gen = sv["cpu_ms_per_task"], sv["client_cpu_ms_per_task"]
-        print(f"  CPU-bound model: service/peer = {peer_total:.1f} / ({own:.1f} + {gen:.1f}) = "
-              f"{peer_total / (own + gen):.2f}x; at zero service CPU {peer_total / gen:.2f}x")
+        service_bound = cores * 1000 / (own + gen)
+        # One process: one core at most, or the machine's share if the load generator leaves less.
+        peer_bound = min(1000 / pe["cpu_ms_per_task"],
+                         cores * 1000 / (pe["cpu_ms_per_task"] + pe["client_cpu_ms_per_task"]))
+        needed = cores * 1000 / (1.5 * peer_bound) - gen
+        print(f"  CPU-bound model: service <= {cores} x 1000 / ({own:.1f} + {gen:.1f}) = {service_bound:.0f}/s, "
+              f"peer <= {peer_bound:.0f}/s: {service_bound / peer_bound:.2f}x; 1.5x needs the service at "
+              f"<= {needed:.1f} ms CPU per task")
 
 
 def exactly_once(dsn: str) -> str:
