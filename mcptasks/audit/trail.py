@@ -137,9 +137,8 @@ def _heads(chains: set[int]) -> dict[int, tuple[int, str]]:
         # event of the chain on every pass, so a pass grew with the tenant's whole history.
         newest = (AuditEvent.objects.filter(chain=chain, chain_seq__isnull=False).order_by("-chain_seq")
                   .values_list("chain_seq", "hash").first())
-        if newest is not None:
-            seq, head = newest
-            heads[chain] = (int(seq), head)
+        if newest is not None and newest[0] is not None:
+            heads[chain] = (newest[0], newest[1])
     for anchor in AuditAnchor.objects.filter(chain__in=chains, kind=AuditAnchor.Kind.PRUNE):
         if anchor.seq > heads[anchor.chain][0]:
             heads[anchor.chain] = (anchor.seq, anchor.head)
