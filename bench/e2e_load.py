@@ -318,8 +318,8 @@ def _summary(all_stats: list[dict[str, Any]]) -> None:
         if a in merged and b in merged and merged[b]["per_s"]:
             print(f"  throughput {a}/{b}: {merged[a]['per_s'] / merged[b]['per_s']:.2f}x")
     if "service" in merged and "peer" in merged:
-        # With every core busy, throughput is about cores / (target + load generator CPU per task):
-        # the ratio the service would reach at this CPU per task of its own, and at none at all.
+        # With every core busy, the service completes about cores / (its CPU + the load
+        # generator's per task); the peer, one process, at most one core's worth.
         sv, pe = merged["service"], merged["peer"]
         cores = os.cpu_count() or 1
         own, gen = sv["cpu_ms_per_task"], sv["client_cpu_ms_per_task"]

@@ -70,7 +70,6 @@ class AiohttpClient:
     def __init__(self, connections: int) -> None:
         import aiohttp
 
-        self._aiohttp = aiohttp
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=connections, ttl_dns_cache=None),
             timeout=aiohttp.ClientTimeout(total=60))
