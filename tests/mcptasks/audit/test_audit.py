@@ -315,3 +315,36 @@ def test_a_sealing_pass_finds_a_chains_head_without_reading_its_history(auth: Au
         fetched = pages_fetched(AuditEvent) - before
     assert heads == {auth.tenant_id: (3000, newest.hash)}
     assert fetched < 30, f"finding the head of a chain of 3,000 events asked for {fetched} pages"
+
+
+def test_writing_and_sealing_an_event_maintains_few_indexes_and_checks_no_keys(auth: AuthContext) -> None:
+    """PostgreSQL: a task writes three events and seals each (an update no index lets be HOT),
+    so every index of the table costs six index writes a task. The table keeps one index per
+    query that needs it (eight: ``db_index=True`` on two text columns made four, with one more
+    the tenant-time index already covers), and its keys are not checked by the database."""
+    require_postgres()
+    table = AuditEvent._meta.db_table
+    with connections["default"].cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_index WHERE indrelid = %s::regclass", [table])
+        indexes = cur.fetchone()[0]
+        cur.execute("SELECT count(*) FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'f'", [table])
+        foreign_keys = cur.fetchone()[0]
+    assert (indexes, foreign_keys) == (8, 0)
+    audit.append_many(audit.event(tenant_id=auth.tenant_id, principal_id=auth.principal_id, action="flag.test",
+                                  task_id=f"t{n}") for n in range(3))
+    assert audit.seal() >= 3
+    # What the queries need still answers: the dashboard's flags (a prefix), an auditor's task.
+    assert AuditEvent.objects.filter(action__startswith="flag.", task_id="t1").count() == 1
+
+
+def test_deleting_a_principal_still_clears_its_events_key_and_keeps_the_chain(auth: AuthContext) -> None:
+    """The keys are unchecked by the database, but Django's SET_NULL still runs: no event
+    points at a deleted principal, and what was sealed still verifies."""
+    from tenants.models import Principal
+
+    audit.append_many([audit.event(tenant_id=auth.tenant_id, principal_id=auth.principal_id, action="test.gone")])
+    audit.seal_all()
+    Principal.objects.filter(pk=auth.principal_id).delete()
+    event = AuditEvent.objects.get(action="test.gone")
+    assert (event.principal_id, event.principal_ref) == (None, auth.principal_id)
+    assert _verify(auth).ok

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import time
 from typing import Any
 
 import pytest
@@ -27,6 +28,28 @@ async def test_groups_with_members_names_only_the_groups_someone_is_in() -> None
     assert await layer.groups_with_members(["task.a", "task.b", "task.c", "task.a"]) == {"task.a"}
     with pytest.raises(TypeError):
         await layer.groups_with_members(["bad group name!"])
+
+
+async def test_a_member_older_than_the_group_expiry_is_not_counted() -> None:
+    """As ``group_send`` would drop it; the check itself removes nothing."""
+    layer = _layer()
+    channel = await layer.new_channel()
+    await layer.group_add("task.old", channel)
+    conn = layer.connection(layer.consistent_hash("task.old"))
+    key = layer._group_key("task.old")
+    await conn.zadd(key, {channel: int(time.time()) - layer.group_expiry - 1})
+    assert await layer.groups_with_members(["task.old", "task.none"]) == set()
+    assert await conn.zcard(key) == 1
+
+
+async def test_the_check_survives_a_redis_that_forgot_its_scripts() -> None:
+    """A restarted Redis has no scripts loaded: the check loads it again (NOSCRIPT)."""
+    layer = _layer()
+    channel = await layer.new_channel()
+    await layer.group_add("task.a", channel)
+    assert await layer.groups_with_members(["task.a", "task.b"]) == {"task.a"}
+    await layer.connection(0).script_flush()
+    assert await layer.groups_with_members(["task.a", "task.b"]) == {"task.a"}
 
 
 def test_a_batch_sends_only_to_groups_with_members(monkeypatch: pytest.MonkeyPatch) -> None:
