@@ -55,9 +55,10 @@ async def open_get(stream: StreamSession, *, session: Any) -> None:
     stream.stream_id = stream_id = events.get_stream_id(session.pk)
     _hold_slot(stream, session, stream_id)
     await _take_over(stream, stream_id)
-    # A fresh GET starts at the stream's current end. Read it before joining, then replay
+    # A fresh GET starts at the stream's current end (opening the stream for good: from now on
+    # its messages are stored, see mcptasks.streams.events). Read it before joining, then replay
     # whatever was stored in between: nothing published meanwhile is lost.
-    floor = await database_sync_to_async(events.last_seq)(stream_id)
+    floor = await database_sync_to_async(events.open_get_stream)(session_id=session.pk)
     stream.next_seq = floor + 1
     await stream.join(signals.stream_group(stream_id))
     await stream.join(signals.session_group(session.pk))

@@ -4,6 +4,11 @@ A **stream event** (:func:`publish`) is a JSON-RPC message meant for exactly one
 session. It is stored (``StreamEvent``, numbered under the stream's ``StreamCursor`` row) for
 replay with ``Last-Event-ID`` and, after commit, pushed to the stream's group
 (:func:`mcptasks.streams.signals.stream_group`), which holds at most one live HTTP connection.
+
+A session's GET stream exists from the first time the client opens it (:func:`open_get_stream`
+creates its cursor row). Until then nothing is stored or pushed for it: a fresh GET starts at the
+stream's end, and a client can resume only after an event id the stream gave it, so no one could
+ever read those events (issue 27: one stored event and one push per task for clients that poll).
 """
 
 from __future__ import annotations
@@ -29,7 +34,16 @@ def new_stream_id(prefix: str) -> str:
 
 def get_stream_id(session_id: str) -> str:
     """The id of a session's standalone GET stream (stable for the session's life)."""
-    return "g" + hashed("get:" + session_id)[:16]
+    return GET_PREFIX + hashed("get:" + session_id)[:16]
+
+
+#: The first character of every GET stream id (POST ``p``, tasks/result ``r``).
+GET_PREFIX = "g"
+
+
+def is_get_stream(stream_id: str) -> bool:
+    """Whether ``stream_id`` is a session's GET stream (stored for only once it was opened)."""
+    return stream_id.startswith(GET_PREFIX)
 
 
 def parse_event_id(event_id: str) -> tuple[str, int] | None:
@@ -66,10 +80,16 @@ def _locked_cursor(*, session_id: str, stream_id: str) -> StreamCursor:
     return cursor
 
 
-def _append(*, session_id: str, stream_id: str, data: str) -> StreamEvent:
-    """Store ``data`` as the next event of the stream, numbered under the stream's row lock."""
+def _append(*, session_id: str, stream_id: str, data: str) -> StreamEvent | None:
+    """Store ``data`` as the next event of the stream, numbered under the stream's row lock
+    (None: a GET stream never opened, see the module's docstring)."""
     with transaction.atomic():
-        cursor = _locked_cursor(session_id=session_id, stream_id=stream_id)
+        if is_get_stream(stream_id):
+            cursor = StreamCursor.objects.select_for_update().filter(pk=stream_id).first()
+            if cursor is None:
+                return None
+        else:
+            cursor = _locked_cursor(session_id=session_id, stream_id=stream_id)
         cursor.last_seq += 1
         cursor.save(update_fields=["last_seq", "updated_at"])
         event = StreamEvent.objects.create(session_id=session_id, stream_id=stream_id, seq=cursor.last_seq, data=data)
@@ -81,14 +101,17 @@ def _append(*, session_id: str, stream_id: str, data: str) -> StreamEvent:
         return event
 
 
-def publish(*, session_id: str, stream_id: str, message: dict[str, Any]) -> str:
+def publish(*, session_id: str, stream_id: str, message: dict[str, Any]) -> str | None:
     """Store ``message`` as the next event of ``stream_id`` and push it to its connection.
 
-    Returns the SSE event id. Synchronous (database write); call from a thread in async code.
-    The push happens after commit, so a connection that sees a gap can always read it back.
+    Returns the SSE event id (None: a GET stream never opened, which gets nothing).
+    Synchronous (database write); call from a thread in async code. The push happens after
+    commit, so a connection that sees a gap can always read it back.
     """
     data = encode(message)
     event = _append(session_id=session_id, stream_id=stream_id, data=data)
+    if event is None:
+        return None
     group, push = push_of(stream_id=stream_id, seq=event.seq, data=data)
     transaction.on_commit(lambda: send(group, push))
     return event.event_id
@@ -141,7 +164,8 @@ def one_statement_publish_sql(*, notes: str, now: str, cap: str) -> str:
 def publish_many(
     items: Sequence[tuple[str, str, dict[str, Any]]], *, signals: Sequence[tuple[str, dict[str, Any]]] = ()
 ) -> list[str]:
-    """:func:`publish` for many ``(session_id, stream_id, message)`` at once; their event ids.
+    """:func:`publish` for many ``(session_id, stream_id, message)`` at once; the event ids of
+    those stored (none for a GET stream never opened).
 
     One transaction stores them all: the streams' cursors are locked in key order (concurrent
     publishers never deadlock), advanced by one UPDATE, and the events written by one INSERT.
@@ -152,7 +176,6 @@ def publish_many(
     if not items:
         send_many([], list(signals))
         return []
-    datas = [encode(message) for _s, _st, message in items]
     sessions: dict[str, str] = {}
     for session_id, stream_id, _m in items:
         sessions.setdefault(stream_id, session_id)
@@ -163,6 +186,14 @@ def publish_many(
             StreamCursor.objects.select_for_update().filter(stream_id__in=streams).order_by("stream_id")
             .values_list("stream_id", "last_seq")
         )
+        unopened = {s for s in streams if s not in seqs and is_get_stream(s)}
+        if unopened:
+            items = [item for item in items if item[1] not in unopened]
+            streams = [s for s in streams if s not in unopened]
+            if not items:
+                transaction.on_commit(lambda: send_many([], list(signals)))
+                return []
+        datas = [encode(message) for _s, _st, message in items]
         for stream_id in (s for s in streams if s not in seqs):
             # Rare (a stream's first event, or its cursor removed by cleanup): created as one
             # event's publish creates it, still locked.
@@ -195,6 +226,17 @@ def publish_many(
 def last_seq(stream_id: str) -> int:
     """The sequence number of the newest event of a stream (0 when it has none)."""
     return int(StreamCursor.objects.filter(pk=stream_id).values_list("last_seq", flat=True).first() or 0)
+
+
+def open_get_stream(*, session_id: str) -> int:
+    """Open the session's GET stream for good (its cursor row: from now on its messages are
+    stored) and return the sequence number of its newest event, where a fresh GET starts."""
+    stream_id = get_stream_id(session_id)
+    cursor = StreamCursor.objects.filter(pk=stream_id).values_list("last_seq", flat=True).first()
+    if cursor is not None:
+        return int(cursor)
+    with transaction.atomic():
+        return _locked_cursor(session_id=session_id, stream_id=stream_id).last_seq
 
 
 def bind_stream(*, session_id: str, stream_id: str, task_id: str, rpc_id: str | int | None) -> None:

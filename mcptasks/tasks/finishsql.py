@@ -105,17 +105,18 @@ def _build() -> str:
                 FROM won w JOIN input i ON i.pk = w.pk
                 WHERE i.note IS NOT NULL AND COALESCE(NULLIF(w.stream_id, ''), i.default_stream) IS NOT NULL
             ),
-            {publish}
+            {publish},
+            unstored AS (
+                SELECT * FROM notes WHERE stream NOT IN (SELECT stream_id FROM pub_advanced)
+                  AND left(stream, 1) <> %(get_prefix)s
+            )
             SELECT (SELECT hooked FROM hooked), ARRAY(SELECT pk FROM won),
                    ARRAY(SELECT stream_id FROM pub_stored ORDER BY stream_id, seq),
                    ARRAY(SELECT seq FROM pub_stored ORDER BY stream_id, seq),
                    ARRAY(SELECT data FROM pub_stored ORDER BY stream_id, seq),
-                   ARRAY(SELECT session_id FROM notes WHERE stream NOT IN (SELECT stream_id FROM pub_advanced)
-                         ORDER BY ord),
-                   ARRAY(SELECT stream FROM notes WHERE stream NOT IN (SELECT stream_id FROM pub_advanced)
-                         ORDER BY ord),
-                   ARRAY(SELECT data FROM notes WHERE stream NOT IN (SELECT stream_id FROM pub_advanced)
-                         ORDER BY ord)
+                   ARRAY(SELECT session_id FROM unstored ORDER BY ord),
+                   ARRAY(SELECT stream FROM unstored ORDER BY ord),
+                   ARRAY(SELECT data FROM unstored ORDER BY ord)
         """  # noqa: S608
     return _statement
 
@@ -124,7 +125,8 @@ def _build() -> str:
 class Written:
     """What :func:`finish` wrote: the pks whose outcome was written, the stream events stored with
     them as ``(stream_id, seq, data)`` in stream order, and the notes whose stream had no cursor
-    row yet as ``(session_id, stream_id, data)`` (not stored: the caller publishes them)."""
+    row yet as ``(session_id, stream_id, data)`` (not stored: the caller publishes them), but
+    for a GET stream never opened, which gets nothing."""
 
     won: list[int]
     stored: list[tuple[str, int, str]] = field(default_factory=list)
@@ -156,6 +158,9 @@ def finish(outcomes: list[Outcome], *, now: dt.datetime,
         "task_kind": Task.Kind.TASK.value,
         "fallback": quotas.default_tenant_limit(),
         "cap": conf.get().STREAM_MAX_EVENTS,
+        # A GET stream without a cursor row was never opened: its notes are dropped, not
+        # published the slow way (mcptasks.streams.events).
+        "get_prefix": events.GET_PREFIX,
     }
     # Prepared once per connection where that is safe: planning it cost as much as running it.
     [(hooked, won, streams, seqs, datas, sessions, unstored_streams, unstored_datas)] = prepared.fetchall(

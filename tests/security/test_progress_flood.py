@@ -45,6 +45,7 @@ async def test_progress_is_coalesced_to_the_rate_and_the_latest_is_kept(settings
     row = await sync_to_async(task_row)("sec_progress_flood", progress_token="tok")
     await sync_to_async(Task.objects.filter(pk=row.pk).update)(session_id="sec-flood")
     row.session_id = "sec-flood"
+    await sync_to_async(events.open_get_stream)(session_id="sec-flood")  # the client listens
     worker = Worker(concurrency=1, worker_id="sec-flood", registry_=reg, run_cleanup=False)
     loop = asyncio.get_running_loop()
     started = loop.time()

@@ -14,6 +14,7 @@ from mcptasks.endpoint.listen_feed import ListenFeed
 from mcptasks.endpoint.stream_session import StreamSession
 from mcptasks.methods.listen import Listen
 from mcptasks.models import Task, TaskStatus
+from mcptasks.streams import events
 from mcptasks.tasks import era2026 as era_tasks
 from mcptasks.tasks import era2026_view as handlers
 from mcptasks.tasks import messages, selectors, transitions
@@ -202,6 +203,7 @@ def test_a_2026_tasks_change_goes_straight_to_its_signal(monkeypatch: pytest.Mon
         {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}))
     new_era = make_task(owner, request_row)
     old_era = make_task(owner, make_session(owner))
+    events.open_get_stream(session_id=old_era.session_id)  # its client opened the GET stream
     before = StreamEvent.objects.count()
     assert transitions.set_status_message(task=new_era, message="a")
     assert StreamEvent.objects.count() == before

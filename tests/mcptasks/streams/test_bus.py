@@ -16,7 +16,7 @@ pytestmark = pytest.mark.django_db
 def test_numbering_continues_after_cleanup_removed_an_orphan_cursor() -> None:
     # Tasks enqueued without a client have a session id with no session row: cleanup treats
     # their stream's cursor as an orphan while the stream's events are still retained.
-    stream = events.get_stream_id("no-such-session")
+    stream = events.new_stream_id("p")
     for _ in range(3):
         events.publish(session_id="no-such-session", stream_id=stream, message={"n": 1})
     cleanup.cleanup_expired()
@@ -149,7 +149,7 @@ def test_publish_many_numbers_each_stream_like_one_publish_at_a_time(monkeypatch
     from django.db import transaction
 
     sent = _layer_spy(monkeypatch)
-    a, b, orphan = "pA", "pB", events.get_stream_id("gone-session")
+    a, b, orphan = "pA", "pB", "pORPHAN"
     events.publish(session_id="s1", stream_id=a, message={"n": 0})
     for i in range(3):  # events whose cursor cleanup removed (as in the test above)
         events.publish(session_id="gone-session", stream_id=orphan, message={"old": i})
@@ -187,7 +187,8 @@ def test_publish_many_numbers_each_stream_like_one_publish_at_a_time(monkeypatch
 @pytest.mark.django_db(transaction=True)
 def test_a_batch_of_finishes_notifies_and_signals_every_task(monkeypatch: pytest.MonkeyPatch) -> None:
     """finish_runs stores each finished task's status notification on its stream (its open
-    tasks/result stream, else the session's GET stream) and signals each task, once."""
+    tasks/result stream, else the session's GET stream if it was ever opened) and signals each
+    task, once."""
     import json
 
     from mcptasks.models import Outcome, Task
@@ -195,15 +196,17 @@ def test_a_batch_of_finishes_notifies_and_signals_every_task(monkeypatch: pytest
 
     sent = _layer_spy(monkeypatch)
     auth = make_auth()
-    s1, s2 = make_session(auth), make_session(auth)
-    tasks = [make_task(auth, s1), make_task(auth, s1), make_task(auth, s2), make_task(auth)]
+    s1, s2, s3 = make_session(auth), make_session(auth), make_session(auth)
+    for opened in (s1, s2):
+        events.open_get_stream(session_id=opened.pk)
+    tasks = [make_task(auth, s1), make_task(auth, s1), make_task(auth, s2), make_task(auth), make_task(auth, s3)]
     Task.objects.filter(pk=tasks[1].pk).update(stream_id="rSTREAM1")  # a tasks/result stream is open
     Task.objects.filter(pk=tasks[3].pk).update(session_id="")  # enqueued without a client
     tasks[3].session_id = ""
     Task.objects.filter(pk__in=[t.pk for t in tasks]).update(attempt=1)
     runs = [(t, Outcome(pk=t.pk, attempt=1, status="completed", result={"content": []})) for t in tasks]
     sent.clear()
-    assert transitions.finish_runs(runs=runs) == [True] * 4
+    assert transitions.finish_runs(runs=runs) == [True] * 5
     expected = {tasks[0].task_id: events.get_stream_id(tasks[0].session_id), tasks[1].task_id: "rSTREAM1",
                 tasks[2].task_id: events.get_stream_id(tasks[2].session_id)}
     got = {}
@@ -211,8 +214,29 @@ def test_a_batch_of_finishes_notifies_and_signals_every_task(monkeypatch: pytest
         msg = json.loads(ev.data)
         assert msg["method"] == "notifications/tasks/status" and msg["params"]["status"] == "completed"
         got[msg["params"]["taskId"]] = ev.stream_id
-    assert got == expected  # the task without a session has nobody to notify
+    # The task without a session has nobody to notify, nor has the one whose session never
+    # opened its GET stream: nothing stored for it, nothing pushed, but its task is signalled.
+    assert got == expected
+    assert not StreamEvent.objects.filter(stream_id=events.get_stream_id(s3.pk)).exists()
     signalled = sorted(m["task_id"] for g, m in sent if m["type"] == "task.signal")
     assert signalled == sorted(t.task_id for t in tasks)
     pushed = sorted(g for g, m in sent if m["type"] == "stream.event")
     assert pushed == sorted(signals.stream_group(s) for s in expected.values())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_get_stream_stores_messages_only_once_it_was_opened(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before its first GET no client can hold an event id of the session's GET stream (a fresh
+    GET starts at the end): messages for it are neither stored nor pushed. Once opened, they
+    are, numbered from 1, for as long as the session lives (a closed GET resumes)."""
+    sent = _layer_spy(monkeypatch)
+    stream = events.get_stream_id("s-get")
+    assert events.publish(session_id="s-get", stream_id=stream, message={"n": 0}) is None
+    assert events.publish_many([("s-get", stream, {"n": 0}), ("s-get", "pX", {"n": 0})]) == ["pX.1"]
+    assert not StreamEvent.objects.filter(stream_id=stream).exists()
+    assert not StreamCursor.objects.filter(pk=stream).exists()
+    assert [g for g, _m in sent] == [signals.stream_group("pX")]
+    assert events.open_get_stream(session_id="s-get") == 0
+    assert events.publish(session_id="s-get", stream_id=stream, message={"n": 1}) == f"{stream}.1"
+    assert events.publish_many([("s-get", stream, {"n": 2})]) == [f"{stream}.2"]
+    assert events.open_get_stream(session_id="s-get") == 2  # opened again: starts at the end

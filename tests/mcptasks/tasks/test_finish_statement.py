@@ -112,17 +112,27 @@ def test_a_batch_is_one_statement_in_autocommit_with_every_write(monkeypatch: py
 
 
 def test_a_stream_without_a_cursor_gets_its_event_after_the_statement(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A stream's first event (no cursor row yet) is published the usual way, not lost."""
+    """A stream's first event (no cursor row yet) is published the usual way, not lost; but a
+    GET stream without one was never opened: its session's client cannot read it, and the
+    statement hands nothing back to publish (issue 27)."""
     auth = make_auth()
-    session = make_session(auth)
-    task = _claimed(make_task(auth, session))
-    stream = events.get_stream_id(session.pk)
-    StreamCursor.objects.filter(stream_id=stream).delete()
-    StreamEvent.objects.filter(stream_id=stream).delete()
-    transitions.finish_runs(runs=[(task, Outcome(pk=task.pk, attempt=1, status="completed", result={"content": []}))])
+    session, unopened = make_session(auth), make_session(auth)
+    task, other = _claimed(make_task(auth, session)), _claimed(make_task(auth, unopened))
+    stream = "rFIRST"
+    Task.objects.filter(pk=task.pk).update(stream_id=stream)  # its tasks/result stream is open
+    task.stream_id = stream
+    get_stream = events.get_stream_id(unopened.pk)
+    published: list[Any] = []
+    real = events.publish_many
+    monkeypatch.setattr(events, "publish_many", lambda items, **kw: published.extend(items) or real(items, **kw))
+    transitions.finish_runs(runs=[(t, Outcome(pk=t.pk, attempt=1, status="completed", result={"content": []}))
+                                  for t in (task, other)])
     stored = list(StreamEvent.objects.filter(stream_id=stream).values_list("seq", "data"))
     assert [(seq, json.loads(data)["params"]["status"]) for seq, data in stored] == [(1, "completed")]
     assert StreamCursor.objects.get(stream_id=stream).last_seq == 1
+    assert [s for _session, s, _m in published] == [stream]
+    assert not StreamEvent.objects.filter(stream_id=get_stream).exists()
+    assert not StreamCursor.objects.filter(stream_id=get_stream).exists()
 
 
 def test_a_superseded_or_ended_run_writes_nothing_and_keeps_its_slot() -> None:

@@ -10,6 +10,7 @@ import pytest
 from django.utils import timezone
 
 from mcptasks.models import Outcome, Task, TaskStatus, tool_lock_key
+from mcptasks.streams import events
 from mcptasks.tasks.transitions import WORKER_LOST
 from mcptasks.tools.registry import Registry
 from mcptasks.worker.loop import Worker
@@ -142,6 +143,7 @@ def test_progress_stops_at_terminal_status() -> None:
     task = task_row("u_once")
     Task.objects.filter(pk=task.pk).update(progress_token="tok", attempt=1)
     task.refresh_from_db()
+    events.open_get_stream(session_id=task.session_id)  # where the progress goes (a client listens)
     backend = WorkerBackend(Worker(registry_=reg), task)
     async_to_sync(backend.progress)(1, 2, "half")
     assert StreamEvent.objects.filter(data__contains='"progressToken":"tok"').count() == 1
