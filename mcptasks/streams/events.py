@@ -32,13 +32,13 @@ def new_stream_id(prefix: str) -> str:
     return prefix + secrets.token_hex(8)
 
 
+#: The first character of every GET stream id (POST ``p``, tasks/result ``r``).
+GET_PREFIX = "g"
+
+
 def get_stream_id(session_id: str) -> str:
     """The id of a session's standalone GET stream (stable for the session's life)."""
     return GET_PREFIX + hashed("get:" + session_id)[:16]
-
-
-#: The first character of every GET stream id (POST ``p``, tasks/result ``r``).
-GET_PREFIX = "g"
 
 
 def is_get_stream(stream_id: str) -> bool:
@@ -221,11 +221,6 @@ def publish_many(
         ]
         transaction.on_commit(lambda: send_many(pushes, list(signals)))
     return ids
-
-
-def last_seq(stream_id: str) -> int:
-    """The sequence number of the newest event of a stream (0 when it has none)."""
-    return int(StreamCursor.objects.filter(pk=stream_id).values_list("last_seq", flat=True).first() or 0)
 
 
 def open_get_stream(*, session_id: str) -> int:
