@@ -6,6 +6,7 @@ which is also where the migrations find the callables they reference.
 """
 
 from mcptasks.models.audit import AuditAnchor, AuditEvent
+from mcptasks.models.claimsql import Claimed
 from mcptasks.models.sessions import McpSession, new_session_id
 from mcptasks.models.status import LIVE, TERMINAL, TaskStatus
 from mcptasks.models.streams import StreamCursor, StreamEvent
@@ -19,6 +20,7 @@ __all__ = [
     "TERMINAL",
     "AuditAnchor",
     "AuditEvent",
+    "Claimed",
     "McpSession",
     "Outcome",
     "StreamCursor",

@@ -21,6 +21,19 @@ from mcptasks.models.status import LIVE
 if TYPE_CHECKING:
     from mcptasks.models.tasks import Task
 
+class Claimed(list["Task"]):
+    """The runs a claim took, in claim order, and whether it passed over claimable rows.
+
+    ``passed_over``: the claim saw claimable rows it did not take (locked by a concurrent
+    claimer, beyond its limit or its tenant cap, or taken meanwhile). Fewer runs than asked for
+    then does not mean none are left: another worker's claim may have locked rows it did not
+    keep, and skipped here, they are free again once that claim ends (issue 27: a worker that
+    believed the queue empty idled until its poll while thousands of tasks waited).
+    """
+
+    passed_over: bool = False
+
+
 #: Rows ranked per claimed slot before locking: some of them may be locked by another claimer.
 RANKED_PER_SLOT = 4
 
@@ -106,7 +119,7 @@ def _build(task: type[Task], *, probe: bool) -> str:
             FROM chosen WHERE t.{pk} = chosen.seq
             RETURNING {", ".join(f"t.{q(c)}" for c in columns)}
         )
-        SELECT (SELECT limited FROM waiting), {cols},
+        SELECT (SELECT limited FROM waiting), (SELECT count(*) FROM picked), {cols},
                sess.{q("client_capabilities")}, ten.{q("slug")}, pr.{q("identifier")}
         FROM (SELECT 1) one
         LEFT JOIN stamped s ON true
@@ -122,7 +135,7 @@ def _build(task: type[Task], *, probe: bool) -> str:
 
 def claim_statement(task: type[Task], *, worker_id: str, limit: int, now: dt.datetime, lease_until: dt.datetime,
                     held: dict[int, int], tenant_cap: int | None, limited: list[str], skip: list[str],
-                    capped: list[int]) -> tuple[bool, list[Task]]:
+                    capped: list[int]) -> tuple[bool, Claimed]:
     """Claim up to ``limit`` claimable rows (not in ``skip``, not of a tenant in ``capped``) in one statement.
 
     The order is :meth:`TaskQuerySet.claim`'s: a row's position is its turn within its tenant
@@ -144,17 +157,18 @@ def claim_statement(task: type[Task], *, worker_id: str, limit: int, now: dt.dat
     rows = prepared.fetchall(_build(task, probe=bool(limited)), params)
     limited_waiting = bool(rows and rows[0][0])
     caps_field = McpSession._meta.get_field("client_capabilities")
-    claimed: list[Task] = []
+    claimed = Claimed()
     for row in rows:
-        if row[1] is None:  # the one row of an empty claim
+        if row[2] is None:  # the one row of an empty claim
             continue
-        values = [_convert(f, v) for f, v in zip(fields, row[1:1 + len(fields)], strict=True)]
+        values = [_convert(f, v) for f, v in zip(fields, row[2:2 + len(fields)], strict=True)]
         obj = task.from_db("default", [f.attname for f in fields], values)
-        caps, slug, ident = row[1 + len(fields):]
+        caps, slug, ident = row[2 + len(fields):]
         # The same extra attributes as the ORM's annotations of the counted path.
         obj.client_caps = _convert(caps_field, caps)  # type: ignore[attr-defined]
         obj.tenant_slug, obj.principal_ident = slug, ident  # type: ignore[attr-defined]
         claimed.append(obj)
+    claimed.passed_over = bool(rows) and int(rows[0][1]) > len(claimed)
     return limited_waiting, claimed
 
 

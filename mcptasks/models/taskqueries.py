@@ -14,7 +14,7 @@ from django.db.models.functions import Coalesce, RowNumber
 from django.utils import timezone
 
 from mcptasks.db import prepared
-from mcptasks.models.claimsql import claim_statement
+from mcptasks.models.claimsql import Claimed, claim_statement
 from mcptasks.models.sessions import McpSession
 from mcptasks.models.status import LIVE, TERMINAL, TaskStatus
 from mcptasks.protocol.messages import sources_for
@@ -84,7 +84,7 @@ class TaskQuerySet(models.QuerySet["Task"]):
 
     def claim(self, *, worker_id: str, limit: int, now: dt.datetime, lease_until: dt.datetime,
               exclude: Iterable[str] = (), limited: dict[str, int] | None = None,
-              tenant_running: dict[int, int] | None = None, tenant_cap: int | None = None) -> list[Task]:
+              tenant_running: dict[int, int] | None = None, tenant_cap: int | None = None) -> Claimed:
         """Take up to ``limit`` claimable tasks for ``worker_id`` in one short transaction.
 
         Fair across tenants: the oldest claimable task of every tenant comes first, then each
@@ -104,7 +104,8 @@ class TaskQuerySet(models.QuerySet["Task"]):
         in ``limited`` is waiting: counting such a tool's slots needs its advisory lock before the
         claim, so the statement then claims nothing and the claim takes the counted path below
         (rank, lock, update: three statements plus the count of each limited tool) in the same
-        transaction. SQLite always takes the counted path.
+        transaction. SQLite always takes the counted path. The result's ``passed_over`` says
+        whether claimable rows were seen and not taken (see :class:`Claimed`).
         """
         on_pg = connection.vendor == "postgresql"
         # A lease of ours that lapsed (a long stall) must not start a second local run.
@@ -121,7 +122,7 @@ class TaskQuerySet(models.QuerySet["Task"]):
         statement = on_pg and not self.query.has_filters()
         alone = statement and prepared.runs_alone()
 
-        def by_statement() -> tuple[bool, list[Task]]:
+        def by_statement() -> tuple[bool, Claimed]:
             return claim_statement(self.model, worker_id=worker_id, limit=limit, now=now, lease_until=lease_until,
                                    held=held, tenant_cap=tenant_cap, limited=sorted(limited or {}), skip=skip,
                                    capped=capped)
@@ -159,7 +160,7 @@ class TaskQuerySet(models.QuerySet["Task"]):
             )
             if on_pg:
                 qs = qs.select_for_update(skip_locked=True, of=("self",))
-            claimed: list[Task] = []
+            claimed = Claimed()
             for task in sorted(qs, key=lambda t: position[t.pk]):
                 if len(claimed) >= limit:
                     break
@@ -182,6 +183,7 @@ class TaskQuerySet(models.QuerySet["Task"]):
                     stamped.attempt += 1
                     stamped.worker_id = worker_id
                     stamped.lease_expires_at = lease_until
+            claimed.passed_over = len(fair) > len(claimed)
         return claimed
 
     def _capacity(self, limited: dict[str, int], *, now: dt.datetime, on_pg: bool) -> dict[str, int]:

@@ -10,7 +10,7 @@ from typing import Any
 from django.utils import timezone
 
 from mcptasks import conf
-from mcptasks.models import Task
+from mcptasks.models import Claimed, Task
 from mcptasks.streams import signals
 
 
@@ -19,7 +19,7 @@ def _lease_until(now: dt.datetime) -> dt.datetime:
 
 
 def claim_runs(*, worker_id: str, limit: int, exclude: list[str], limited: dict[str, int],
-               tenant_running: dict[int, int], tenant_cap: int | None) -> list[Task]:
+               tenant_running: dict[int, int], tenant_cap: int | None) -> Claimed:
     """Take up to ``limit`` runnable tasks for ``worker_id`` with a fresh lease (see
     :meth:`TaskQuerySet.claim <mcptasks.models.TaskQuerySet.claim>`)."""
     now = timezone.now()

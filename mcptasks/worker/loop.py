@@ -30,7 +30,7 @@ from django.db import connection
 from mcptasks import conf, observability
 from mcptasks.audit import housekeeping as audit_housekeeping
 from mcptasks.db import wakeups
-from mcptasks.models import Outcome, Task
+from mcptasks.models import Claimed, Outcome, Task
 from mcptasks.streams import webhooks
 from mcptasks.tasks import runs
 from mcptasks.tools.registry import Registry, registry
@@ -69,21 +69,28 @@ def _tenant_cap(concurrency: int) -> int | None:
     return max(1, concurrency - reserved) if reserved > 0 else None
 
 
-def tasks_may_wait(*, asked: int, claimed: int, busy: dict[int, int], cap: int | None) -> bool:
+def tasks_may_wait(*, asked: int, claimed: Claimed, busy: dict[int, int], cap: int | None) -> bool:
     """After a claim round that asked for ``asked`` tasks and got ``claimed``: may runnable tasks
     still wait that no wake-up will announce? ``busy``: the worker's runs per tenant, ``cap``: its
     tenant cap (:func:`_tenant_cap`).
 
+    A claim that passed over rows it saw (:class:`~mcptasks.models.Claimed`) left them behind:
+    a concurrent claim held them, and it locks every row it ranks but keeps only its share. With
+    slots still free the worker then claims again after the claim delay, until a claim passes
+    over nothing (a worker that took a short claim for an empty queue idled until its poll while
+    thousands of tasks waited).
+
     A created task wakes every worker (``NOTIFY`` or the channel layer), so a claim that found
-    fewer tasks than it asked for left none behind, and the next run whose tool returns need not
-    claim: at one task at a time that claim found nothing, one wasted claim statement per task in
+    fewer tasks than it asked for, and passed over none, left none behind, and the next run whose
+    tool returns need not claim: at one task at a time that claim found nothing, one wasted claim statement per task in
     every worker (issue 27; profile in ``bench/RESULTS.md``). Tasks may wait unannounced when the
     round filled every slot it asked for (or could ask for none), or when a tenant is at its cap
     here. A task of a tool at its ``max_concurrency`` is claimed when a run of that tool ends (see
     ``Worker._start``). Tasks that become runnable later (a retry's delay, a lapsed lease) are
     found by the poll every ``WORKER_POLL_S``, as before.
     """
-    return asked <= 0 or claimed >= asked or (cap is not None and any(n >= cap for n in busy.values()))
+    return (claimed.passed_over or asked <= 0 or len(claimed) >= asked
+            or (cap is not None and any(n >= cap for n in busy.values())))
 
 
 class Debounced:
@@ -193,16 +200,16 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
                 try:
                     await self._maybe_cleanup()
                     await self._maybe_reap()
-                    free = self._free_slots()
-                    if self.max_tasks is not None:
-                        free = min(free, self.max_tasks - self.started)
+                    free = min(self._free_slots(), self.max_tasks - self.started if self.max_tasks else 1 << 30)
                     claimed = await (self._claimer or db)(self._claim)(
                         free, running=list(self.running), tenant_running=self._busy_by_tenant()
-                    ) if free > 0 else []
+                    ) if free > 0 else Claimed()
                     for task in claimed:
                         self._start(task)
-                    self._backlog = tasks_may_wait(asked=free, claimed=len(claimed), busy=self._busy_by_tenant(),
+                    self._backlog = tasks_may_wait(asked=free, claimed=claimed, busy=self._busy_by_tenant(),
                                                    cap=_tenant_cap(self.concurrency))
+                    if claimed.passed_over and len(claimed) < free:  # look again soon (tasks_may_wait)
+                        self.announce()
                     if self._finished_its_work(claimed):
                         break
                 except Exception:
@@ -277,12 +284,11 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
         return runs.hand_back(worker_id=self.worker_id, runs=handed)
 
     def _claim(self, limit: int, *, running: list[str] | None = None,
-               tenant_running: dict[int, int] | None = None) -> list[Task]:
+               tenant_running: dict[int, int] | None = None) -> Claimed:
         """Take up to ``limit`` runnable tasks in one short transaction (see ``TaskQuerySet.claim``).
 
-        From the event loop, pass ``running`` and ``tenant_running`` taken there: this runs in the
-        database thread, and reading ``self.running`` here while the loop starts and ends runs
-        raised "dictionary changed size during iteration" (a skipped claim round, seen in the soak).
+        Pass ``running`` and ``tenant_running`` taken on the event loop: read in the database
+        thread, ``self.running`` changed size during iteration (a skipped claim round, in the soak).
         """
         return runs.claim_runs(
             worker_id=self.worker_id, limit=limit,

@@ -7,11 +7,11 @@ import threading
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from mcptasks.models import Task
+from mcptasks.models import Claimed, Task
 from tests.support.factories import make_auth, make_session, task_row
 
 pytestmark = pytest.mark.skipif(connection.vendor != "postgresql", reason="the single statement is PostgreSQL's")
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(connection.vendor != "postgresql", reason="the s
 CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO SAVEPOINT")
 
 
-def _claim(worker_id: str, limit: int, **kw: Any) -> list[Task]:
+def _claim(worker_id: str, limit: int, **kw: Any) -> Claimed:
     now = timezone.now()
     return Task.objects.claim(worker_id=worker_id, limit=limit, now=now,
                               lease_until=now + dt.timedelta(seconds=30), **kw)
@@ -196,3 +196,48 @@ def test_the_statement_and_the_orm_agree_on_what_is_claimable() -> None:
     assert unleased | lapsed == expected and not unleased & lapsed and unleased and lapsed
     assert by_sql(skip=skip) == set(orm.exclude(task_id__in=skip).values_list("pk", flat=True))
     assert by_sql(capped=[other.tenant_id]) == set(orm.exclude(tenant_id=other.tenant_id).values_list("pk", flat=True))
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("counted", [False, True])
+def test_a_claim_says_whether_it_passed_over_rows(counted: bool) -> None:
+    """Issue 27: rows locked by a concurrent claimer are skipped; the claim says it saw them, so
+    the worker looks again instead of taking a short claim for an empty queue."""
+    auth = make_auth()
+    rows = [task_row("plain", auth=auth) for _ in range(3)]
+    limited = {"one_at_a_time": 1} if counted else None
+    if counted:  # a waiting task of a limited tool sends the claim down the counted path
+        rows.append(task_row("one_at_a_time", auth=auth))
+    holding, release, errors = threading.Event(), threading.Event(), []
+
+    def holder() -> None:  # another claimer's transaction, holding the two oldest rows
+        try:
+            with transaction.atomic():
+                list(Task.objects.select_for_update().filter(pk__in=[r.pk for r in rows[:2]]))
+                holding.set()
+                release.wait(20)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert holding.wait(20)
+        first = _claim("w1", 10, limited=limited)
+        assert [t.task_id for t in first] == [r.task_id for r in rows[2:]]
+        assert first.passed_over
+    finally:
+        release.set()
+        thread.join(20)
+    assert not errors, errors
+    second = _claim("w1", 10, limited=limited)
+    assert [t.task_id for t in second] == [r.task_id for r in rows[:2]]
+    assert not second.passed_over
+    third = _claim("w1", 10, limited=limited)
+    assert list(third) == [] and not third.passed_over
+    # Rows beyond the limit are passed over too: the worker asked for fewer than wait.
+    more = [task_row("plain", auth=auth) for _ in range(3)]
+    partial = _claim("w2", 2)
+    assert [t.task_id for t in partial] == [r.task_id for r in more[:2]] and partial.passed_over

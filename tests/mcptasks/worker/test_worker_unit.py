@@ -515,20 +515,24 @@ async def test_the_end_of_a_limited_tools_run_wakes_the_loop(monkeypatch: pytest
     assert first == ["wake"] and after == ["wake"] * 2
 
 
-@pytest.mark.parametrize(("asked", "claimed", "running", "backlog"), [
-    (4, 1, 0, False),  # fewer than asked: nothing was left behind
-    (4, 4, 0, True),   # every slot filled: more may wait
-    (0, 0, 0, True),   # no slot free when woken: the wake-up went unserved
-    (1, 0, 3, True),   # the tenant is at its cap here (concurrency 4, one slot reserved)
+@pytest.mark.parametrize(("asked", "claimed", "passed_over", "running", "backlog"), [
+    (4, 1, False, 0, False),  # fewer than asked, nothing passed over: nothing was left behind
+    (4, 1, True, 0, True),    # fewer than asked, but rows it saw were locked by another claim
+    (4, 4, False, 0, True),   # every slot filled: more may wait
+    (0, 0, False, 0, True),   # no slot free when woken: the wake-up went unserved
+    (1, 0, False, 3, True),   # the tenant is at its cap here (concurrency 4, one slot reserved)
 ])
 def test_a_claim_round_notes_whether_tasks_may_wait_unannounced(
-    asked: int, claimed: int, running: int, backlog: bool
+    asked: int, claimed: int, passed_over: bool, running: int, backlog: bool
 ) -> None:
+    from mcptasks.models import Claimed
     from mcptasks.worker.loop import _tenant_cap, tasks_may_wait
 
     cap = _tenant_cap(4)
     assert cap == 3
-    assert tasks_may_wait(asked=asked, claimed=claimed, busy={7: running} if running else {}, cap=cap) is backlog
+    got = Claimed(Task(task_id=f"t{i}") for i in range(claimed))
+    got.passed_over = passed_over
+    assert tasks_may_wait(asked=asked, claimed=got, busy={7: running} if running else {}, cap=cap) is backlog
 
 
 async def test_announcements_within_the_claim_delay_wake_the_claim_loop_once(settings: Any) -> None:
@@ -562,3 +566,46 @@ async def test_without_a_claim_delay_an_announcement_wakes_the_loop_at_once(sett
     w = Worker(concurrency=2, worker_id="w-now", registry_=reg, run_cleanup=False)
     w.announce()
     assert w.wake.is_set()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_claim_that_passed_over_rows_with_slots_free_looks_again(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    """Issue 27: a claim racing others gets fewer rows than it asked for while rows remain (they
+    were locked by a claim that kept only some). The worker took that for an empty queue and
+    idled until its poll while thousands of tasks waited (one of four workers ran none of 3,000).
+    It now claims again after the claim delay, until a claim passes over nothing."""
+    from mcptasks.db import wakeups
+    from mcptasks.models import Claimed
+
+    settings.MCPTASKS = {**settings.MCPTASKS, "WORKER_POLL_S": 30, "WORKER_CLAIM_DELAY_S": 0.02}
+    w = Worker(concurrency=4, worker_id="w-passed", registry_=reg, run_cleanup=False)
+    claims: list[int] = []
+
+    def claim(limit: int, **_kw: Any) -> Claimed:
+        claims.append(limit)
+        found = Claimed()
+        found.passed_over = len(claims) <= 3
+        return found
+
+    async def no_wakeups() -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(w, "_claim", claim)
+    monkeypatch.setattr(w, "_listen", no_wakeups)  # only the claims themselves may wake the loop
+    monkeypatch.setattr(wakeups, "via_postgres", lambda: False)
+    stop = asyncio.Event()
+    runner = asyncio.ensure_future(w.run(stop))
+    try:
+        for _ in range(100):
+            if len(claims) >= 4:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)
+    finally:
+        stop.set()
+        await asyncio.wait_for(runner, 20)
+    # Three claims passed over rows, so each was followed by another; the fourth saw nothing
+    # left and the loop waits for a wake-up or its poll.
+    assert claims == [4, 4, 4, 4]
