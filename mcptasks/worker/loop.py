@@ -246,12 +246,12 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
                 self._housekeeping.shutdown()
                 logger.info("worker %s stopped", self.worker_id)
 
-    def _finished_its_work(self, claimed: list[Task]) -> bool:
+    def _finished_its_work(self, claimed: Claimed) -> bool:
         if self.running or self._outcomes:
             return False
         if self.max_tasks is not None and self.started >= self.max_tasks:
             return True
-        return self.burst and not claimed
+        return self.burst and not claimed and not claimed.passed_over  # rows held by another claim remain
 
     async def _drain(self, grace: float) -> None:
         """Let running tools finish within ``grace``; hand the rest back."""

@@ -609,3 +609,11 @@ async def test_a_claim_that_passed_over_rows_with_slots_free_looks_again(
     # Three claims passed over rows, so each was followed by another; the fourth saw nothing
     # left and the loop waits for a wake-up or its poll.
     assert claims == [4, 4, 4, 4]
+
+    # A --burst worker exits once nothing is runnable: not while another claim holds rows.
+    claims.clear()
+    burst = Worker(concurrency=4, worker_id="w-burst", registry_=reg, run_cleanup=False, burst=True)
+    monkeypatch.setattr(burst, "_claim", claim)
+    monkeypatch.setattr(burst, "_listen", no_wakeups)
+    await asyncio.wait_for(burst.run(asyncio.Event()), 20)
+    assert claims == [4, 4, 4, 4]
