@@ -21,13 +21,14 @@ from mcptasks.models.status import LIVE
 if TYPE_CHECKING:
     from mcptasks.models.tasks import Task
 
+
 class Claimed(list["Task"]):
     """The runs a claim took, in claim order, and whether it passed over claimable rows.
 
     ``passed_over``: the claim saw claimable rows it did not take (locked by a concurrent
     claimer, beyond its limit or its tenant cap, or taken meanwhile). Fewer runs than asked for
-    then does not mean none are left: another worker's claim may have locked rows it did not
-    keep, and skipped here, they are free again once that claim ends (issue 27: a worker that
+    then does not mean none are left: a concurrent claim locks every row it ranks but keeps only
+    its share, and the rows skipped here are free again once it ends (issue 27: a worker that
     believed the queue empty idled until its poll while thousands of tasks waited).
     """
 
