@@ -60,7 +60,13 @@ def pg_connection_options(app: Any) -> dict[str, Any]:
         # next execution on another (PgBouncer before 1.21 does not track them).
         options["prepare_threshold"] = None
     else:
-        options["options"] = " ".join(f"-c {name}={value}" for name, value in timeouts(app).items())
+        startup: dict[str, object] = dict(timeouts(app))
+        if app.DB_GENERIC_PLANS:
+            # PostgreSQL's default (auto) re-plans a prepared statement whenever its custom plans
+            # look cheaper than the generic one: the worker's claim was planned on every
+            # execution, as much PostgreSQL CPU as running it (issue 27, bench/RESULTS.md).
+            startup["plan_cache_mode"] = "force_generic_plan"
+        options["options"] = " ".join(f"-c {name}={value}" for name, value in startup.items())
     return options
 
 
