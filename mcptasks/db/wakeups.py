@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from django.conf import settings
 
@@ -60,8 +61,7 @@ async def listen(on_wake: Callable[[], None]) -> None:
                     logger.info("listening for task wake-ups again")
                 failing = False
                 on_wake()
-                async for _notification in conn.notifies():
-                    on_wake()
+                await _relay(conn, on_wake)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -70,3 +70,38 @@ async def listen(on_wake: Callable[[], None]) -> None:
                                type(exc).__name__, RETRY_S)
             failing = True
         await asyncio.sleep(RETRY_S)
+
+
+async def _relay(conn: Any, on_wake: Callable[[], None]) -> None:
+    """Call ``on_wake`` whenever notifications arrive on ``conn`` (listening, used for nothing
+    else), until the connection fails (raised) or this is cancelled.
+
+    A reader callback on the socket rather than ``conn.notifies()``: psycopg runs a generator,
+    a future and a reader registration per wait, about 150 us of a worker's CPU per
+    notification, where this costs about 40 (every worker receives every creation's
+    notification; issue 27, ``bench/RESULTS.md``).
+    """
+    pgconn = conn.pgconn
+    fd = pgconn.socket
+    loop = asyncio.get_running_loop()
+    failed: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        try:
+            pgconn.consume_input()  # raises once the connection is gone (EOF, reset)
+            woken = False
+            while pgconn.notifies() is not None:
+                woken = True
+        except Exception as exc:
+            loop.remove_reader(fd)
+            if not failed.done():
+                failed.set_exception(exc)
+            return
+        if woken:
+            on_wake()
+
+    loop.add_reader(fd, readable)
+    try:
+        await failed
+    finally:
+        loop.remove_reader(fd)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -104,3 +105,46 @@ def test_the_listener_reconnects_after_its_connection_is_killed() -> None:
             listener.cancel()
 
     assert asyncio.run(main()) >= 2
+
+
+def test_the_relay_wakes_per_notification_and_leaves_no_reader_behind() -> None:
+    """The socket reader that replaced psycopg's ``notifies()`` (issue 27: a third of the CPU per
+    notification): each notification wakes, a cancelled or failed relay unregisters its reader,
+    and a killed connection ends the relay with an error instead of a deaf listener."""
+    import psycopg
+
+    async def main() -> tuple[int, bool, bool, bool]:
+        loop = asyncio.get_running_loop()
+        calls: list[int] = []
+        conn = await psycopg.AsyncConnection.connect(**async_sql.conninfo())
+        await conn.execute(f"LISTEN {wakeups.CHANNEL}")
+        fd = conn.pgconn.socket
+        relay = asyncio.ensure_future(wakeups._relay(conn, lambda: calls.append(1)))
+        async with await psycopg.AsyncConnection.connect(**async_sql.conninfo()) as sender:
+            for sent in range(1, 4):
+                await sender.execute(f"NOTIFY {wakeups.CHANNEL}")
+                for _ in range(200):
+                    if len(calls) >= sent:
+                        break
+                    await asyncio.sleep(0.005)
+            woken = len(calls)
+            relay.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await relay
+            cancelled_left_reader = loop.remove_reader(fd)
+            # A relay whose connection is killed ends with the error (the listener reconnects).
+            relay = asyncio.ensure_future(wakeups._relay(conn, lambda: None))
+            await sender.execute("SELECT pg_terminate_backend(%s)", [conn.pgconn.backend_pid])
+            try:
+                await asyncio.wait_for(relay, 5)
+                failed = False
+            except psycopg.Error:
+                failed = True
+            failed_left_reader = loop.remove_reader(fd)
+        await conn.close()
+        return woken, cancelled_left_reader, failed, failed_left_reader
+
+    woken, cancelled_left_reader, failed, failed_left_reader = asyncio.run(main())
+    assert woken == 3
+    assert not cancelled_left_reader and not failed_left_reader
+    assert failed
