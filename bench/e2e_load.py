@@ -316,7 +316,11 @@ def _summary(all_stats: list[dict[str, Any]]) -> None:
         _print(m)
     for a, b in (("service", "peer"), ("base", "peer"), ("service", "base")):
         if a in merged and b in merged and merged[b]["per_s"]:
-            print(f"  throughput {a}/{b}: {merged[a]['per_s'] / merged[b]['per_s']:.2f}x")
+            # This machine's speed drifts by a fifth within minutes: the ratio of each round's
+            # neighbours (measured back to back) is steadier than the ratio of the means.
+            paired = [x["per_s"] / y["per_s"] for x, y in zip(by[a], by[b], strict=True) if y["per_s"]]
+            print(f"  throughput {a}/{b}: {merged[a]['per_s'] / merged[b]['per_s']:.2f}x; per round "
+                  + ", ".join(f"{r:.2f}" for r in paired) + f" (median {statistics.median(paired):.2f}x)")
     if "service" in merged and "peer" in merged:
         # With every core busy, the service completes about cores / (its CPU + the load
         # generator's per task); the peer, one process, at most one core's worth.
