@@ -26,7 +26,9 @@ Per round and target it prints:
   polls, result). ``--client`` picks its HTTP client (``bench/loadclient.py``): aiohttp by
   default, httpx (the client of the earlier sessions' figures) for about 3x its CPU.
 
-The summary adds a CPU-bound model. The service's processes share every core with the load
+The summary gives each ratio of throughputs twice: of the means over all rounds, and per round
+(the two targets of a round run back to back) with the median of those, which drifts less with
+this machine's speed. It adds a CPU-bound model. The service's processes share every core with the load
 generator: it completes at most cores / (service + load generator CPU per task) tasks a second.
 The peer is one process, so one core at most: 1 / (peer CPU per task), or the machine's bound
 if that is lower. The model prints both bounds, their ratio, and the service CPU per task at
