@@ -196,16 +196,17 @@ async def fetch_pair(
 
     Either may be missing (None). One statement, so both rows come from the same snapshot.
     Concurrent calls of the same shape on one event loop share a statement (see
-    :class:`_PairBatches`): under load one round trip serves many requests.
+    :class:`_Batches`): under load one round trip serves many requests.
     """
     model_a, where_a, params_a = first
     model_b, where_b, params_b, skip_b = second
     sql_a, names_a = _select(model_a, where_a, ())
     sql_b, names_b = _select(model_b, where_b, skip_b)
     key = (sql_a, sql_b)
-    batches = _pair_batches.get(key)
+    batches = _batches.get(key)
     if batches is None:
-        batches = _pair_batches[key] = _PairBatches(sql_a, sql_b)
+        # Each side is at most one row; FULL JOIN ON TRUE keeps whichever exists.
+        batches = _batches[key] = _Batches(f"SELECT * FROM ({sql_a}) AS a FULL JOIN ({sql_b}) AS b ON TRUE")  # noqa: S608
     row = await batches.coalescer.call([*params_a, *params_b])
     if row is None:
         return None, None
@@ -213,14 +214,26 @@ async def fetch_pair(
     return _instance(model_a, names_a, a_row), _instance(model_b, names_b, b_row)
 
 
-class _PairBatches:
-    """The pair reads of one shape, batched: ``n`` reads become one ``UNION ALL`` of ``n``
-    copies of the pair statement, each tagged with its position (statement text cached per
-    ``n``, so each size is prepared once per connection where statements are prepared)."""
+async def fetch_one_batched(model: type[M], *, where: Sequence[str], params: Sequence[Any]) -> M | None:
+    """:func:`fetch_one`, sharing one statement with the concurrent reads of the same shape on this
+    event loop (:class:`_Batches`): for reads every request of a kind makes, such as the session
+    of each ``tools/call`` (issue 27: a round trip of its own on the loop's one connection)."""
+    sql, names = _select(model, where, ())
+    batches = _batches.get((sql, ""))
+    if batches is None:
+        batches = _batches[(sql, "")] = _Batches(sql)
+    row = await batches.coalescer.call(list(params))
+    return None if row is None else _build(model, names, row)
 
-    def __init__(self, sql_a: str, sql_b: str) -> None:
-        # Each side is at most one row; FULL JOIN ON TRUE keeps whichever exists.
-        self.pair_sql = f"SELECT * FROM ({sql_a}) AS a FULL JOIN ({sql_b}) AS b ON TRUE"  # noqa: S608
+
+class _Batches:
+    """The reads of one statement (at most one row each), batched: ``n`` reads become one
+    ``UNION ALL`` of ``n`` copies of the statement, each tagged with its position (statement
+    text cached per ``n``, so each size is prepared once per connection where statements are
+    prepared). A read whose copy returns no row gets None."""
+
+    def __init__(self, sql: str) -> None:
+        self.one_sql = sql
         self.sized: dict[int, str] = {}
         self.coalescer: Coalescer[list[Any], Any] = Coalescer(self._run, max_batch=MAX_BATCH)
 
@@ -228,11 +241,11 @@ class _PairBatches:
         sql = self.sized.get(n)
         if sql is None:
             if n == 1:
-                sql = self.pair_sql
+                sql = self.one_sql
             else:
-                # Built from the pair statement and integers only; values stay bound parameters.
+                # Built from the statement and integers only; values stay bound parameters.
                 sql = " UNION ALL ".join(
-                    f"SELECT {i} AS n, * FROM ({self.pair_sql}) AS p{i}" for i in range(n)  # noqa: S608
+                    f"SELECT {i} AS n, * FROM ({self.one_sql}) AS p{i}" for i in range(n)  # noqa: S608
                 )
             self.sized[n] = sql
         return sql
@@ -249,7 +262,8 @@ class _PairBatches:
 
 #: The most reads one batched statement carries.
 MAX_BATCH = 32
-_pair_batches: dict[tuple[str, str], _PairBatches] = {}
+#: Batched statements by shape: (pair statement halves), or (single statement, "").
+_batches: dict[tuple[str, str], _Batches] = {}
 
 
 def _instance(model: type[M], names: list[str], values: Sequence[Any]) -> M | None:

@@ -30,7 +30,7 @@ async def aget_session(*, session_id: str, auth: AuthContext) -> McpSession | No
     """:func:`get_session` from async code: no thread hop on PostgreSQL (see fastreads)."""
     if fastreads.available():
         with contextlib.suppress(fastreads.Unavailable):
-            row = await fastreads.fetch_one(McpSession, where=['"id" = %s'], params=[session_id])
+            row = await fastreads.fetch_one_batched(McpSession, where=['"id" = %s'], params=[session_id])
             return _live_session(row, auth=auth)
     return await sync_to_async(get_session)(session_id=session_id, auth=auth)
 

@@ -279,6 +279,46 @@ def test_concurrent_pair_reads_are_batched_and_each_gets_its_own_answer(monkeypa
         assert got == expected, (auth, sid, task_id)
 
 
+def test_concurrent_session_reads_are_batched_and_each_gets_its_own_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The session read of every ``tools/call`` (``aget_session``) shares a statement with the
+    concurrent ones: each caller still gets exactly its own live session, and another
+    principal's, an ended or a missing one is None, as from the ORM selector."""
+    from django.utils import timezone
+
+    owner = make_auth()
+    live = make_session(owner)
+    ended = make_session(owner)
+    McpSession.objects.filter(pk=ended.pk).update(ended_at=timezone.now())
+    colleague = make_auth(tenant=_tenant_of(owner))
+    their_session = make_session(colleague)
+    neighbour = make_auth(tenant=None)
+    neighbours_session = make_session(neighbour)
+    cases = [(auth, sid) for auth in (owner, colleague, neighbour)
+             for sid in (live.pk, ended.pk, their_session.pk, neighbours_session.pk, "no-such-session")] * 3
+    statements: list[int] = []
+    real_read = fastreads._read
+
+    async def counting_read(sql: str, params: Any, *, all_rows: bool) -> Any:
+        statements.append(len(params))
+        return await real_read(sql, params, all_rows=all_rows)
+
+    monkeypatch.setattr(fastreads, "_read", counting_read)
+
+    async def read_all() -> list[Any]:
+        try:
+            return await asyncio.gather(*(selectors.aget_session(session_id=sid, auth=auth) for auth, sid in cases))
+        finally:
+            await fastreads.close()
+
+    answers = async_to_sync(read_all)()
+    assert len(statements) < len(cases) / 4, statements  # batched: far fewer statements than reads
+    for (auth, sid), got in zip(cases, answers, strict=True):
+        expected = selectors.get_session(session_id=sid, auth=auth)
+        assert (got.pk if got else None) == (expected.pk if expected else None), (auth, sid)
+        if got is not None:
+            assert (got.principal_id, got.tenant_id, got.ended_at) == (auth.principal_id, auth.tenant_id, None)
+
+
 def test_instances_built_from_rows_behave_like_the_orms() -> None:
     """fastreads builds instances without ``Model.__init__``: that is only sound while the models
     have no init signals, and the instances must save, refresh and defer like the ORM's."""
