@@ -228,6 +228,27 @@ def _tenant_of(auth: Any) -> Any:
     return Tenant.objects.get(pk=auth.tenant_id)
 
 
+def _read_at_once(monkeypatch: pytest.MonkeyPatch, reads: list[Any]) -> tuple[list[int], list[Any]]:
+    """Await ``reads`` (coroutines) together on one event loop: (the parameter count of each
+    statement they sent, their answers)."""
+    statements: list[int] = []
+    real_read = fastreads._read
+
+    async def counting_read(sql: str, params: Any, *, all_rows: bool) -> Any:
+        statements.append(len(params))
+        return await real_read(sql, params, all_rows=all_rows)
+
+    monkeypatch.setattr(fastreads, "_read", counting_read)
+
+    async def read_all() -> list[Any]:
+        try:
+            return list(await asyncio.gather(*reads))
+        finally:
+            await fastreads.close()
+
+    return statements, async_to_sync(read_all)()
+
+
 def test_concurrent_pair_reads_are_batched_and_each_gets_its_own_answer(monkeypatch: pytest.MonkeyPatch) -> None:
     """Reads made at the same time share one statement, and each still gets exactly its own
     session and task under its own scoping (a batch mixing tenants leaks nothing)."""
@@ -244,25 +265,10 @@ def test_concurrent_pair_reads_are_batched_and_each_gets_its_own_answer(monkeypa
         for sid in (live.pk, their_session.pk, neighbours_session.pk, "no-such-session")
         for task_id in (task.task_id, other_task.task_id, neighbours_task.task_id, "no-such-task")
     ]
-    statements: list[int] = []
-    real_read = fastreads._read
-
-    async def counting_read(sql: str, params: Any, *, all_rows: bool) -> Any:
-        statements.append(len(params))
-        return await real_read(sql, params, all_rows=all_rows)
-
-    monkeypatch.setattr(fastreads, "_read", counting_read)
-
-    async def read_all() -> list[Any]:
-        try:
-            return await asyncio.gather(*(
-                selectors.aget_session_and_task(session_id=sid, auth=auth, task_id=tid, status_only=False)
-                for auth, sid, tid in cases
-            ))
-        finally:
-            await fastreads.close()
-
-    answers = async_to_sync(read_all)()
+    statements, answers = _read_at_once(monkeypatch, [
+        selectors.aget_session_and_task(session_id=sid, auth=auth, task_id=tid, status_only=False)
+        for auth, sid, tid in cases
+    ])
     assert len(statements) < len(cases) / 4, statements  # batched: far fewer statements than reads
     for (auth, sid, task_id), both in zip(cases, answers, strict=True):
         assert both is not None
@@ -295,22 +301,8 @@ def test_concurrent_session_reads_are_batched_and_each_gets_its_own_answer(monke
     neighbours_session = make_session(neighbour)
     cases = [(auth, sid) for auth in (owner, colleague, neighbour)
              for sid in (live.pk, ended.pk, their_session.pk, neighbours_session.pk, "no-such-session")] * 3
-    statements: list[int] = []
-    real_read = fastreads._read
-
-    async def counting_read(sql: str, params: Any, *, all_rows: bool) -> Any:
-        statements.append(len(params))
-        return await real_read(sql, params, all_rows=all_rows)
-
-    monkeypatch.setattr(fastreads, "_read", counting_read)
-
-    async def read_all() -> list[Any]:
-        try:
-            return await asyncio.gather(*(selectors.aget_session(session_id=sid, auth=auth) for auth, sid in cases))
-        finally:
-            await fastreads.close()
-
-    answers = async_to_sync(read_all)()
+    statements, answers = _read_at_once(
+        monkeypatch, [selectors.aget_session(session_id=sid, auth=auth) for auth, sid in cases])
     assert len(statements) < len(cases) / 4, statements  # batched: far fewer statements than reads
     for (auth, sid), got in zip(cases, answers, strict=True):
         expected = selectors.get_session(session_id=sid, auth=auth)
