@@ -110,14 +110,10 @@ class AppSettings:
         "TCP keepalives on database connections (libpq `keepalives_idle`; probes every 10 s, 3 lost probes "
         "close it): a peer gone without FIN/RST is noticed in about this plus 30 s. 0: the OS defaults.",
     )
-    DB_GENERIC_PLANS: bool = setting(
-        True,
-        "PostgreSQL, `DB_POOLER=none`: the service's prepared statements (the worker's claim and finish, "
-        "creations, batched reads) use a generic plan from their first execution (`plan_cache_mode = "
-        "force_generic_plan` on its connections) instead of PostgreSQL re-planning some of them on every "
-        "execution. Needs autovacuum (system check `mcptasks.W007`): a plan made before a table was analyzed is "
-        "kept until it is. See [operations](operations.md#postgresql-plans-of-prepared-statements).",
-    )
+    DB_GENERIC_PLANS: bool = setting(True, "PostgreSQL, `DB_POOLER=none`: prepared statements (claim, finish, creation "
+        "and batched reads) use a generic plan from their first execution (`plan_cache_mode = force_generic_plan`), "
+        "not re-planned on every one. Needs autovacuum (check `mcptasks.W007`): a plan made before a table was "
+        "analyzed is kept until it is. See [operations](operations.md#postgresql-plans-of-prepared-statements).")
     SYNC_THREADS: int = setting(
         8,
         "PostgreSQL: threads of each process's default executor, where ORM calls from async code that do not "
