@@ -202,12 +202,9 @@ async def fetch_pair(
     model_b, where_b, params_b, skip_b = second
     sql_a, names_a = _select(model_a, where_a, ())
     sql_b, names_b = _select(model_b, where_b, skip_b)
-    key = (sql_a, sql_b)
-    batches = _batches.get(key)
-    if batches is None:
-        # Each side is at most one row; FULL JOIN ON TRUE keeps whichever exists.
-        batches = _batches[key] = _Batches(f"SELECT * FROM ({sql_a}) AS a FULL JOIN ({sql_b}) AS b ON TRUE")  # noqa: S608
-    row = await batches.coalescer.call([*params_a, *params_b])
+    # Each side is at most one row; FULL JOIN ON TRUE keeps whichever exists.
+    pair_sql = f"SELECT * FROM ({sql_a}) AS a FULL JOIN ({sql_b}) AS b ON TRUE"  # noqa: S608
+    row = await _batched(pair_sql, [*params_a, *params_b])
     if row is None:
         return None, None
     a_row, b_row = row[: len(names_a)], row[len(names_a):]
@@ -219,11 +216,16 @@ async def fetch_one_batched(model: type[M], *, where: Sequence[str], params: Seq
     event loop (:class:`_Batches`): for reads every request of a kind makes, such as the session
     of each ``tools/call`` (issue 27: a round trip of its own on the loop's one connection)."""
     sql, names = _select(model, where, ())
-    batches = _batches.get((sql, ""))
-    if batches is None:
-        batches = _batches[(sql, "")] = _Batches(sql)
-    row = await batches.coalescer.call(list(params))
+    row = await _batched(sql, list(params))
     return None if row is None else _build(model, names, row)
+
+
+async def _batched(sql: str, params: list[Any]) -> Any:
+    """The row of ``sql`` for ``params`` (or None), read in the next batch of its statement."""
+    batches = _batches.get(sql)
+    if batches is None:
+        batches = _batches[sql] = _Batches(sql)
+    return await batches.coalescer.call(params)
 
 
 class _Batches:
@@ -262,8 +264,8 @@ class _Batches:
 
 #: The most reads one batched statement carries.
 MAX_BATCH = 32
-#: Batched statements by shape: (pair statement halves), or (single statement, "").
-_batches: dict[tuple[str, str], _Batches] = {}
+#: The batching of each statement read this way, by its text.
+_batches: dict[str, _Batches] = {}
 
 
 def _instance(model: type[M], names: list[str], values: Sequence[Any]) -> M | None:

@@ -24,11 +24,17 @@ from tenants import quotas
 _AUDIT_FIELDS = ("tenant_id", "principal_id", "chain", "principal_ref", "action", "task_id", "data", "created_at",
                  "prev_hash", "hash")
 
-_statement: tuple[str, list[Field[Any, Any]], list[Field[Any, Any]]] | None = None
+_statement: tuple[str, list[Field[Any, Any]], list[Field[Any, Any]], Any] | None = None
 
 
-def _build() -> tuple[str, list[Field[Any, Any]], list[Field[Any, Any]]]:
-    """The statement, and the task and audit fields whose values it binds (in order).
+def _build() -> tuple[str, list[Field[Any, Any]], list[Field[Any, Any]], Any]:
+    """The statement, the task and audit fields whose values it binds (in order), and the
+    connection wrapper that adapts those values.
+
+    The wrapper is kept: adapting a value reads only the backend's operations, which every
+    wrapper of the alias shares, while ``connections["default"]`` looks one up in an
+    ``asgiref.Local`` and made a new one for every request task (2 % of a web process's CPU
+    under the e2e load, issue 27).
 
     A created task also wakes the listening workers (:mod:`mcptasks.db.wakeups`): ``pg_notify``
     runs in the statement and PostgreSQL delivers it on commit. (The statement is only used
@@ -67,24 +73,8 @@ def _build() -> tuple[str, list[Field[Any, Any]], list[Field[Any, Any]]]:
             "SELECT (SELECT * FROM created)"
         )
         sql += f", (SELECT pg_notify('{wakeups.CHANNEL}', '') FROM created)"  # noqa: S608 (a constant)
-        _statement = (sql, task_fields, audit_fields)
+        _statement = (sql, task_fields, audit_fields, conn)
     return _statement
-
-
-_adapter: Any = None
-
-
-def _adapting_connection() -> Any:
-    """The default database's wrapper, for its value adaptation (``get_db_prep_save``) only.
-
-    ``connections["default"]`` looks the wrapper up in an ``asgiref.Local`` on every call (2 % of
-    a web process's CPU under the e2e load, issue 27); adapting a value reads only the backend's
-    operations, which every wrapper of the alias shares, so the first one found serves.
-    """
-    global _adapter
-    if _adapter is None:
-        _adapter = connections["default"]
-    return _adapter
 
 
 async def insert_task(*, task: Task, audit_data: dict[str, Any], fallback_limit: int | None) -> bool:
@@ -96,8 +86,7 @@ async def insert_task(*, task: Task, audit_data: dict[str, Any], fallback_limit:
     decides and names the limit). On True, ``task`` is the saved row. Raises what
     :func:`mcptasks.db.write_conns.execute` raises.
     """
-    sql, task_fields, audit_fields = _build()
-    conn = _adapting_connection()
+    sql, task_fields, audit_fields, conn = _build()
     event = AuditEvent(
         tenant_id=task.tenant_id, principal_id=task.principal_id, chain=task.tenant_id or 0,
         principal_ref=task.principal_id, action="task.create", task_id=task.task_id, data=audit_data,

@@ -278,8 +278,8 @@ def test_a_refused_statement_goes_to_the_orm_and_keeps_the_async_path(monkeypatc
     real = creationsql._build
 
     def failing() -> Any:
-        sql, task_fields, audit_fields = real()
-        return sql + ", (SELECT 1 / (SELECT count(*) FROM created WHERE false))", task_fields, audit_fields
+        sql, *rest = real()
+        return (sql + ", (SELECT 1 / (SELECT count(*) FROM created WHERE false))", *rest)
 
     monkeypatch.setattr(creationsql, "_build", failing)
     orm = _OrmCalls(monkeypatch)
