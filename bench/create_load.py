@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.e2e_load import AutovacuumStandIn, _pct, _start_service, server_autovacuum, start_peer  # noqa: E402
 from bench.loadclient import CLIENTS, make_client, open_session  # noqa: E402
-from tests.support.servers import WEB_SERVERS  # noqa: E402
+from tests.support.servers import PRODUCTION_SERVER, WEB_SERVERS  # noqa: E402
 
 
 async def _level(urls: list[str], tokens: list[str], clients: int, seconds: float, *, first: int = 0,
@@ -111,8 +111,9 @@ def main() -> None:
     parser.add_argument("--tenants", type=int, default=1,
                         help="also run each level with the clients spread over this many tenants (each without "
                              "limits), next to the one-tenant run: no global hot row means the same throughput")
-    parser.add_argument("--server", choices=tuple(WEB_SERVERS), default="granian",
-                        help="the service's web server (default granian, the documented production server)")
+    parser.add_argument("--server", choices=tuple(WEB_SERVERS), default=PRODUCTION_SERVER,
+                        help=f"the service's web server (default {PRODUCTION_SERVER}, the documented production "
+                             "server)")
     parser.add_argument("--client", choices=CLIENTS, default="aiohttp",
                         help="the load generator's HTTP client (bench/loadclient.py)")
     parser.add_argument("--autovacuum", type=float, default=0.0, metavar="S",

@@ -3,7 +3,7 @@
 The load: ``--procs`` client processes sharing ``--callers`` concurrent callers (closed loop). Each
 caller creates a task of ``demo_sleep(ms=50)`` (``tools/call`` + ``task``), polls ``tasks/get``
 every 100 ms until the task is terminal, then reads ``tasks/result``, and starts again. It runs
-against the service (2 web processes, granian by default, + 2 workers of ``--concurrency`` slots, PostgreSQL +
+against the service (2 web processes, uvicorn by default, + 2 workers of ``--concurrency`` slots, PostgreSQL +
 Redis, the tenant without limits or rates) and against the official SDK peer
 (``bench/peers/sdk_server.py``, one uvicorn process), in interleaved rounds of ``--seconds``. The
 peer is started anew for each round (``--no-peer-per-round``: one peer for the whole run): the
@@ -73,7 +73,14 @@ sys.path.insert(0, str(REPO))
 import httpx  # noqa: E402
 
 from bench.loadclient import CLIENTS, LoadClient, make_client, open_session  # noqa: E402
-from tests.support.servers import FAST_SETTINGS, WEB_SERVERS, descendants, free_port, make_stack  # noqa: E402
+from tests.support.servers import (  # noqa: E402
+    FAST_SETTINGS,
+    PRODUCTION_SERVER,
+    WEB_SERVERS,
+    descendants,
+    free_port,
+    make_stack,
+)
 
 TERMINAL = {"completed", "failed", "cancelled"}
 TICK = os.sysconf("SC_CLK_TCK")
@@ -366,9 +373,10 @@ def phases(dsn: str) -> str:
             f"claimed -> finished p50 {statistics.median(run):.0f} / p99 {_pct(run, 0.99):.0f} ms")
 
 
-def _start_service(repo: Path, concurrency: int, server: str) -> tuple[Any, str, list[str], dict[str, list[int]]]:
+def _start_service(repo: Path, concurrency: int, server: str, env: dict[str, str] | None = None
+                   ) -> tuple[Any, str, list[str], dict[str, list[int]]]:
     """A stack of ``repo``'s code: 2 web processes under ``server`` + 2 workers, the bench tenant
-    without limits or rates."""
+    without limits or rates; ``env`` is added to every process's environment."""
     from tests.support import servers
 
     servers.REPO = repo  # the processes (and manage.py) run in that checkout
@@ -379,6 +387,7 @@ def _start_service(repo: Path, concurrency: int, server: str) -> tuple[Any, str,
         stack.env.pop(key, None)
     stack.env["DEBUG"] = "0"
     stack.env["MCPTASKS_AUDIT_KEY"] = "bench-audit-key"
+    stack.env.update(env or {})
     token = stack.token("bench", "bencher")
     stack.manage("shell", "-c", "from tenants.models import Tenant; Tenant.objects.filter(slug='bench').update("
                  "max_concurrent_tasks=None, max_concurrent_tasks_per_principal=None, rate_create_per_min=None, "
@@ -418,10 +427,15 @@ def main() -> None:
     parser.add_argument("--peer-per-round", action=argparse.BooleanOptionalAction, default=True,
                         help="start a new SDK peer for each round (default): its in-memory store, which slows as "
                              "tasks pile up, starts empty in every round; --no-peer-per-round keeps one peer")
-    parser.add_argument("--server", choices=tuple(WEB_SERVERS), default="granian",
-                        help="the service's web server (default granian, the documented production server)")
+    parser.add_argument("--server", choices=tuple(WEB_SERVERS), default=PRODUCTION_SERVER,
+                        help=f"the service's web server (default {PRODUCTION_SERVER}, the documented production "
+                             "server)")
     parser.add_argument("--base", type=Path, help="another checkout (e.g. a worktree of main): measured as 'base' "
                                                   "in the same rounds, for before/after figures in one run")
+    parser.add_argument("--base-server", choices=tuple(WEB_SERVERS), help="base's web server (default: --server's)")
+    parser.add_argument("--base-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="an environment variable for base's processes only (repeatable): with --base . it "
+                             "compares one setting on the same tree")
     parser.add_argument("--autovacuum", type=float, default=0.0, metavar="S",
                         help="every S seconds, vacuum and analyze the stacks' tables by autovacuum's default rule "
                              "(for a server with autovacuum off, as CI's; see AutovacuumStandIn)")
@@ -435,7 +449,8 @@ def main() -> None:
     try:
         if args.only != "peer":
             if args.base is not None:
-                stacks["base"] = _start_service(args.base.resolve(), args.concurrency, args.server)
+                stacks["base"] = _start_service(args.base.resolve(), args.concurrency, args.base_server or args.server,
+                                                dict(item.split("=", 1) for item in args.base_env))
             stacks["service"] = _start_service(REPO, args.concurrency, args.server)
         peer, peer_url = start_peer()
         dsns = [stack.env["DATABASE_URL"] for stack, _t, _u, _p in stacks.values()]

@@ -186,19 +186,20 @@ def test_json_logs_carry_context_and_never_a_token(stack: Stack, procs: tuple[Pr
         assert huge not in text  # never the whole client string
 
 
-def test_granian_web_process_traces_too(stack: Stack, procs: tuple[Proc, Proc]) -> None:
+@pytest.mark.parametrize("server", ["uvicorn", "granian"])
+def test_other_web_servers_trace_too(stack: Stack, procs: tuple[Proc, Proc], server: str) -> None:
     _web, worker = procs
-    web = stack.web(server="granian", embedded_worker=False, extra_env=OBS_ENV)
+    web = stack.web(server=server, embedded_worker=False, extra_env=OBS_ENV)
     try:
         trace_id = secrets.token_hex(16)
         with McpClient(web.url) as client:
             client.initialize()
             client.http.headers["traceparent"] = f"00-{trace_id}-{secrets.token_hex(8)}-01"
             task_id = run_task(client)
-        calls = wait_for("granian's tools/call span", lambda: [
+        calls = wait_for(f"{server}'s tools/call span", lambda: [
             s for s in spans(web) if s["name"] == "mcp tools/call" and trace_of(s) == trace_id])
         assert calls[0]["attributes"]["mcptasks.task_id"] == task_id
-        assert wait_for("the worker's run in granian's trace", lambda: [
+        assert wait_for(f"the worker's run in {server}'s trace", lambda: [
             s for s in spans(worker) if trace_of(s) == trace_id and s["name"].startswith("mcptasks.task.run")])
     finally:
         web.terminate(timeout=15)

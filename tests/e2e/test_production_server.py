@@ -1,9 +1,9 @@
-"""The documented production server, granian, serves everything daphne does (see docs/operations.md),
-and both close open streams properly on SIGTERM.
+"""The documented production server, uvicorn, and granian serve everything daphne does (see
+docs/operations.md), and all three close open streams properly on SIGTERM.
 
-On PostgreSQL + Redis: two granian processes and two workers, the task created through one and
-its notifications read through the other; on SQLite one granian with its embedded worker. The
-official conformance suite also runs against granian in CI (tests/support/conformance.py).
+On PostgreSQL + Redis: two web processes and two workers, the task created through one and its
+notifications read through the other; on SQLite one web process with its embedded worker. The
+official conformance suite also runs against uvicorn in CI (tests/support/conformance.py).
 """
 
 from __future__ import annotations
@@ -19,17 +19,17 @@ from tests.support.client import McpClient
 from tests.support.servers import Stack
 
 
-@pytest.fixture(scope="module")
-def granian_pair(stack: Stack) -> Iterator[Pair]:
-    with start_pair(stack, server="granian") as p:
+@pytest.fixture(scope="module", params=["uvicorn", "granian"])
+def pair(request: pytest.FixtureRequest, stack: Stack) -> Iterator[Pair]:
+    with start_pair(stack, server=request.param) as p:
         yield p
 
 
-def test_tasks_streams_and_live_notifications(granian_pair: Pair) -> None:
-    with McpClient(granian_pair.a.url) as c:
+def test_tasks_streams_and_live_notifications(pair: Pair) -> None:
+    with McpClient(pair.a.url) as c:
         c.initialize()
         assert c.call("test_simple_text").result["content"][0]["text"].startswith("This is a simple text")
-        listener = Listener(twin(c, granian_pair.b.url)).start()
+        listener = Listener(twin(c, pair.b.url)).start()
         listener.wait_primed()
         task = c.call_task("demo_progress", {"steps": 3, "interval_ms": 100})
         listener.until = is_terminal_note(task["taskId"])
@@ -45,9 +45,9 @@ def test_tasks_streams_and_live_notifications(granian_pair: Pair) -> None:
         assert answered.result["content"][0]["text"] == "Slept for 300 ms"
 
 
-@pytest.mark.parametrize("server", ["granian", "daphne"])
+@pytest.mark.parametrize("server", ["uvicorn", "granian", "daphne"])
 def test_sigterm_closes_open_streams_with_retry(stack: Stack, server: str) -> None:
-    """Both servers: streams end with a retry: hint (a clean end of body) before the process stops."""
+    """Every server: streams end with a retry: hint (a clean end of body) before the process stops."""
     web = stack.web(server=server, embedded_worker=False)
     try:
         with McpClient(web.url) as c:

@@ -1,7 +1,7 @@
 """Issue 28: the reference deployment tested as a whole, with a host lost the hard way.
 
 The layout of docs/operations.md ("Reference deployment") on one machine: three hosts, each a
-network namespace with its own address on a private bridge, running a granian web process and
+network namespace with its own address on a private bridge, running a web process (uvicorn, the production server) and
 a worker; PostgreSQL reached only through PgBouncer in transaction mode and Redis through a
 primary + replica + 3 Sentinels, both listening on the bridge's address (the machine's own
 PostgreSQL and Redis stay on 127.0.0.1, untouched). See tests/support/netns.py.

@@ -38,7 +38,7 @@ def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRedis]:
     r.stop()
 
 
-@pytest.fixture(scope="module", params=["daphne", "granian"])
+@pytest.fixture(scope="module", params=["daphne", "granian", "uvicorn"])
 def web(request: pytest.FixtureRequest, stack: Stack, redis: PrivateRedis) -> Iterator[Proc]:
     if not stack.multi_process:
         require_multiprocess()

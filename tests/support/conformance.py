@@ -4,7 +4,7 @@
 ``python -m tests.support.conformance NODE SUITE NODE_2026 SUITE_2026``: for each revision,
 once on the embedded default (SQLite,
 in-memory layer, worker inside daphne) and, when ``DATABASE_URL`` is PostgreSQL, once on a
-scratch database; with ``REDIS_URL`` set too, that run is the production layout: granian and a
+scratch database; with ``REDIS_URL`` set too, that run is the production layout: uvicorn and a
 separate worker. The servers are
 started exactly as the end-to-end tests start them, on the default settings. The expected-
 failures baseline is ``server: []``, so any failure *or warning* fails the run.
@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.support.servers import FAST_SETTINGS, make_stack
+from tests.support.servers import FAST_SETTINGS, PRODUCTION_SERVER, make_stack
 
 #: What the stack adds for the e2e tests that the conformance runs must not have.
 _TEST_ONLY = ("MCPTASKS_EXTRA_APPS", *FAST_SETTINGS)
@@ -61,8 +61,8 @@ def run_suite(
         stack.env.pop(key, None)
     try:
         # SQLite: daphne with its embedded worker (the newcomer's default); PostgreSQL + Redis:
-        # granian and a separate worker (the production layout, docs/operations.md).
-        web = stack.web(server="granian" if stack.multi_process else "daphne")
+        # uvicorn and a separate worker (the production layout, docs/operations.md).
+        web = stack.web(server=PRODUCTION_SERVER if stack.multi_process else "daphne")
         if stack.multi_process:
             stack.worker(concurrency=8)
         label = f"{revision}, {label}"

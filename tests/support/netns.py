@@ -1,7 +1,7 @@
 """Hosts in network namespaces: the reference deployment on one machine, with real links to cut.
 
 Each "host" is a network namespace joined to a private bridge by a veth pair, with an address
-of its own on a private /24; in it run a granian web process and an ``mcptasks_worker``. The
+of its own on a private /24; in it run a web process (the production server) and an ``mcptasks_worker``. The
 machine's PostgreSQL and Redis listen on 127.0.0.1 only and are not reconfigured: the hosts
 reach PostgreSQL through a private PgBouncer (transaction mode) listening on the bridge's
 address, and Redis as a private primary + replica + 3 Sentinels bound to that address, which
@@ -40,7 +40,7 @@ from typing import Any
 from tests.support.lost_host import HOST_ENV, Host
 from tests.support.pgbouncer_proc import PrivatePgBouncer
 from tests.support.sentinel_proc import PrivateSentinel
-from tests.support.servers import WEB_SERVERS, Proc, Stack, descendants, free_port, wait_healthy
+from tests.support.servers import PRODUCTION_SERVER, WEB_SERVERS, Proc, Stack, descendants, free_port, wait_healthy
 
 PREFIX = "mtn"
 STATE_DIR = Path("/run/mcptasks-netns")
@@ -391,14 +391,14 @@ class LostHost(Host):
 
 
 def _spawn_web(stack: Stack, wrap: list[str], addr: str, env: dict[str, str], name: str) -> Proc:
-    """granian (as the other end-to-end tests start it) bound to ``addr``, run under ``wrap``."""
+    """The production server (as the other end-to-end tests start it) bound to ``addr``, run under ``wrap``."""
     port = free_port()
-    args = WEB_SERVERS["granian"](port)
+    args = WEB_SERVERS[PRODUCTION_SERVER](port)
     args[args.index("--host") + 1] = addr
-    proc = stack._spawn([*wrap, sys.executable, *args], f"granian-{name}", env)  # noqa: SLF001
+    proc = stack._spawn([*wrap, sys.executable, *args], f"{PRODUCTION_SERVER}-{name}", env)  # noqa: SLF001
     proc.base = f"http://{addr}:{port}"
     proc.url = f"{proc.base}/mcp"
-    return wait_healthy(proc, f"granian of {name}", within_s=60)
+    return wait_healthy(proc, f"{PRODUCTION_SERVER} of {name}", within_s=60)
 
 
 def _spawn_worker(stack: Stack, wrap: list[str], env: dict[str, str], concurrency: int, name: str) -> Proc:
@@ -428,7 +428,7 @@ class Deployment:
 
 @contextmanager
 def deployment(stack: Stack, count: int = 3, *, concurrency: int = 4, layout: str = "auto") -> Iterator[Deployment]:
-    """``count`` hosts (a granian web process and a worker each) on PgBouncer + Redis Sentinel.
+    """``count`` hosts (a web process and a worker each) on PgBouncer + Redis Sentinel.
 
     ``layout``: ``netns`` (one network namespace per host), ``loopback`` (process groups on
     127.0.0.1: a lost host is frozen, not cut off, and its peers see the same silence), or

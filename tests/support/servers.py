@@ -45,13 +45,22 @@ DEFAULT_DELIVERY = {
 }
 
 
-#: The ASGI servers the tests start, as ``python -m`` arguments for a port: daphne (Channels'
-#: reference server) and granian (the documented production server, see docs/operations.md).
+#: The ASGI servers the tests start, as ``python -m`` arguments for a port: uvicorn (the documented
+#: production server, see docs/operations.md), daphne (Channels' reference server, ``serve``) and
+#: granian. uvicorn as documented: no lifespan (Channels' router has none) and no proxy headers
+#: (the application's own trusted-proxy setting decides who the client is).
+#: The documented production web server (docs/operations.md), as the deployment tests run it.
+PRODUCTION_SERVER = "uvicorn"
+
 WEB_SERVERS = {
     "daphne": lambda port: ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "mcptasks.asgi:application"],
     "granian": lambda port: [
         "-m", "granian", "--interface", "asginl", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
         "mcptasks.asgi:application",
+    ],
+    "uvicorn": lambda port: [
+        "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port), "--lifespan", "off", "--no-proxy-headers",
+        "--no-server-header", "mcptasks.asgi:application",
     ],
 }
 
