@@ -8,6 +8,7 @@ official conformance suite also runs against uvicorn in CI (tests/support/confor
 
 from __future__ import annotations
 
+import secrets
 import signal
 from collections.abc import Iterator
 
@@ -68,3 +69,21 @@ def test_sigterm_closes_open_streams_with_retry(stack: Stack, server: str) -> No
         assert "closed 1 open stream(s)" in web.log_text()
     finally:
         web.terminate(timeout=10)
+
+
+@pytest.mark.parametrize("server", ["uvicorn", "granian", "daphne"])
+def test_a_token_in_the_query_string_never_reaches_the_log(stack: Stack, server: str) -> None:
+    """Started as documented, no server writes the request's query string to its log (uvicorn's
+    access log would: the documented command turns it off)."""
+    web = stack.web(server=server, embedded_worker=False)
+    try:
+        secret = secrets.token_urlsafe(24)
+        with McpClient(web.url) as c:
+            c.initialize()
+            resp = c.http.post(f"{web.url}?access_token={secret}", json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
+                               headers=c.headers())
+            assert resp.status_code == 400
+            assert c.request("ping", {}).status == 200  # a request after it is logged, if anything is
+    finally:
+        web.terminate(timeout=10)
+    assert secret not in web.log_text()

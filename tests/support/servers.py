@@ -47,8 +47,9 @@ DEFAULT_DELIVERY = {
 
 #: The ASGI servers the tests start, as ``python -m`` arguments for a port: uvicorn (the documented
 #: production server, see docs/operations.md), daphne (Channels' reference server, ``serve``) and
-#: granian. uvicorn as documented: no lifespan (Channels' router has none) and no proxy headers
-#: (the application's own trusted-proxy setting decides who the client is).
+#: granian. uvicorn as documented: no lifespan (Channels' router has none), no proxy headers
+#: (the application's own trusted-proxy setting decides who the client is) and no access log
+#: (it prints query strings, where a misplaced token would reach the log).
 #: The documented production web server (docs/operations.md), as the deployment tests run it.
 PRODUCTION_SERVER = "uvicorn"
 
@@ -60,7 +61,7 @@ WEB_SERVERS = {
     ],
     "uvicorn": lambda port: [
         "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port), "--lifespan", "off", "--no-proxy-headers",
-        "--no-server-header", "mcptasks.asgi:application",
+        "--no-access-log", "--no-server-header", "mcptasks.asgi:application",
     ],
 }
 
