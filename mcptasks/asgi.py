@@ -20,6 +20,7 @@ from django.urls import re_path  # noqa: E402
 
 from mcptasks import hardening, observability  # noqa: E402
 from mcptasks.endpoint.consumer import McpConsumer  # noqa: E402
+from mcptasks.processes import gc_tuning  # noqa: E402
 from mcptasks.processes.embedded import EmbeddedRuntime  # noqa: E402
 from tenants import conf as tenant_conf  # noqa: E402
 from tenants.infra import redis_url  # noqa: E402
@@ -50,3 +51,5 @@ router = ProtocolTypeRouter(
 
 #: Starts the embedded worker and periodic cleanup on the first request when configured.
 application = EmbeddedRuntime(router)
+
+gc_tuning.tune()  # last: what start-up made is frozen

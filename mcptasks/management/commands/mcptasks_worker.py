@@ -13,6 +13,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from mcptasks import checks, hardening
+from mcptasks.processes import gc_tuning
 from mcptasks.processes.embedded import bound_default_executor
 from mcptasks.worker.loop import Worker
 from tenants.infra import redis_url
@@ -41,6 +42,7 @@ class Command(BaseCommand):
             logger.warning("%s %s (%s)", warning.msg, warning.hint, warning.id)
         worker = Worker(concurrency=opts["concurrency"], worker_id=opts["worker_id"], burst=opts["burst"],
                         max_tasks=opts["max_tasks"])
+        gc_tuning.tune()
         asyncio.run(self._main(worker))
 
     async def _main(self, worker: Worker) -> None:
