@@ -5,7 +5,8 @@ caller creates a task of ``demo_sleep(ms=50)`` (``tools/call`` + ``task``), poll
 every 100 ms until the task is terminal, then reads ``tasks/result``, and starts again. It runs
 against the service (2 web processes, uvicorn by default, + 2 workers of ``--concurrency`` slots, PostgreSQL +
 Redis, the tenant without limits or rates) and against the official SDK peer
-(``bench/peers/sdk_server.py``, one uvicorn process), in interleaved rounds of ``--seconds``. The
+(``bench/peers/sdk_server.py``, one uvicorn process, on the same uvloop and httptools the service's
+uvicorn uses: both are installed with the project), in interleaved rounds of ``--seconds``. The
 peer is started anew for each round (``--no-peer-per-round``: one peer for the whole run): the
 SDK's in-memory store keeps every task for its ttl and slows as they pile up (79/s in a second
 round against 179/s in the first), so a fresh peer is the comparison least kind to the service.
