@@ -8,7 +8,7 @@ run again alone, so each caller gets its own answer and nothing is written twice
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,6 +18,7 @@ from mcptasks.db import async_sql, write_conns
 from mcptasks.models import Task
 from mcptasks.tasks import creation
 from tenants.selectors import clear_limits_cache, effective_limits
+from tests.support.async_db import run_closing
 from tests.support.factories import demo_tool, make_auth, make_session
 from tests.support.requirements import require_postgres
 from tests.support.row_locks import counter_rows_held
@@ -41,17 +42,6 @@ def _postgres(settings: Any) -> Iterator[None]:
         cur.execute(f"DROP TABLE IF EXISTS {PROBE}")
 
 
-def _run(body: Callable[[], Awaitable[Any]]) -> Any:
-    async def main() -> Any:
-        try:
-            return await body()
-        finally:
-            await write_conns.close()
-            await async_sql.close()
-
-    return asyncio.run(main())
-
-
 def _xmins(tenant_id: int) -> list[str]:
     with connection.cursor() as cur:
         cur.execute("SELECT xmin::text FROM mcptasks_task WHERE tenant_id = %s", [tenant_id])
@@ -69,7 +59,7 @@ def _create_many(auths: list[Any], per_auth: int) -> list[Task]:
                                   request_id=f"{auth.tenant_id}-{i}", progress_token=None)
             for i in range(per_auth) for auth, session in zip(auths, sessions, strict=True))))
 
-    return _run(race)  # type: ignore[no-any-return]
+    return run_closing(race)  # type: ignore[no-any-return]
 
 
 def test_concurrent_creations_of_a_tenant_share_transactions_and_tenants_never_do() -> None:
@@ -96,7 +86,7 @@ def test_a_refused_statement_answers_its_own_caller_and_the_rest_are_written_onc
         return list(await asyncio.gather(*(write_conns.execute_grouped(sql, [v], group=1) for v in (1, 2, 0, 3, 5, 6)),
                                          return_exceptions=True))
 
-    outcomes = _run(race)
+    outcomes = run_closing(race)
     assert outcomes[:2] == [(60,), (30,)] and outcomes[3:] == [(20,), (12,), (10,)]
     assert isinstance(outcomes[2], write_conns.Refused)
     assert _probe_rows() == [1, 2, 3, 5, 6]  # the refused one rolled back, none written twice
@@ -119,6 +109,6 @@ def test_a_lock_timeout_fails_the_whole_batch_and_writes_nothing(monkeypatch: py
                                            for _ in range(8)), return_exceptions=True))
 
     with counter_rows_held(tenant_id=tenant.pk, principal_id=auth.principal_id):
-        outcomes = _run(race)
+        outcomes = run_closing(race)
     assert all(isinstance(o, OperationalError) for o in outcomes), outcomes
     assert _probe_rows() == []

@@ -10,7 +10,7 @@ idempotent retries.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any
 
 import pytest
@@ -23,6 +23,7 @@ from mcptasks.tasks import creation
 from tenants.exceptions import QuotaExceeded
 from tenants.models import Principal, Tenant
 from tenants.selectors import clear_limits_cache, effective_limits
+from tests.support.async_db import run_closing
 from tests.support.factories import demo_tool, make_auth, make_session
 from tests.support.requirements import require_postgres
 from tests.support.row_locks import counter_rows_held
@@ -36,19 +37,6 @@ def _postgres(settings: Any) -> None:
     async_sql._failed_until = 0.0
     settings.TENANTS = {**settings.TENANTS, "TASK_MAX_CONCURRENT": 0}
     clear_limits_cache()
-
-
-def _run(body: Callable[[], Awaitable[Any]]) -> Any:
-    """``body()`` on a fresh event loop, its write pool and read connection closed after."""
-
-    async def main() -> Any:
-        try:
-            return await body()
-        finally:
-            await write_conns.close()
-            await async_sql.close()
-
-    return asyncio.run(main())
 
 
 class _OrmCalls:
@@ -80,7 +68,7 @@ def test_one_statement_writes_what_the_orm_path_writes(monkeypatch: pytest.Monke
     session = make_session(auth)
     effective_limits(tenant_id=auth.tenant_id)  # the tenant's limits cached, as after its first request
     orm = _OrmCalls(monkeypatch)
-    fast = _run(lambda: _create(auth, session, 1, requested_ttl_ms=60_000, idempotency_key="k1"))
+    fast = run_closing(lambda: _create(auth, session, 1, requested_ttl_ms=60_000, idempotency_key="k1"))
     assert orm.calls == 0, "the one-statement path should have been taken"
     slow = creation.create_task(auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1}, request_id=2,
                                 progress_token=None, requested_ttl_ms=60_000, idempotency_key="k2")
@@ -105,7 +93,7 @@ def test_a_retried_key_returns_the_first_task(monkeypatch: pytest.MonkeyPatch) -
         return await _create(auth, session, 1, idempotency_key="same"), await _create(auth, session, 1,
                                                                                       idempotency_key="same")
 
-    first, second = _run(twice)
+    first, second = run_closing(twice)
     assert first.task_id == second.task_id
     assert Task.objects.filter(tenant_id=auth.tenant_id).count() == 1
     assert AuditEvent.objects.filter(task_id=first.task_id, action="task.create").count() == 1
@@ -138,7 +126,7 @@ def _race(auths: list[Any], *, total: int = 200) -> tuple[int, list[dict[str, An
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(dbwrites, "run", counted)
-        created = _run(race)
+        created = run_closing(race)
     connections.close_all()
     return created, refused, calls["n"]
 
@@ -185,7 +173,7 @@ def test_a_tenant_without_limits_is_created_while_its_row_is_locked(monkeypatch:
     real = async_sql.conninfo
     monkeypatch.setattr(async_sql, "conninfo", lambda: {**real(), "options": "-c lock_timeout=1000"})
     with counter_rows_held(tenant_id=tenant.pk, principal_id=auth.principal_id):
-        tasks = _run(lambda: asyncio.gather(*(_create(auth, session, i) for i in range(20))))
+        tasks = run_closing(lambda: asyncio.gather(*(_create(auth, session, i) for i in range(20))))
     assert len({t.task_id for t in tasks}) == 20 and orm.calls == 0
     tenant.refresh_from_db()
     assert tenant.active_tasks == 0 and _live(tenant.pk) == 20
@@ -207,10 +195,10 @@ def test_a_broken_connection_fails_an_unkeyed_creation_instead_of_repeating_it(
 
     monkeypatch.setattr(write_conns, "execute", broken)
     with pytest.raises(OperationalError):
-        _run(lambda: _create(auth, session, 1))
+        run_closing(lambda: _create(auth, session, 1))
     # With a key the ORM path makes it (a committed first attempt would be returned, not repeated).
     orm = _OrmCalls(monkeypatch)
-    task = _run(lambda: _create(auth, session, 2, idempotency_key="k"))
+    task = run_closing(lambda: _create(auth, session, 2, idempotency_key="k"))
     assert orm.calls == 1 and Task.objects.filter(pk=task.pk).exists()
 
 
@@ -220,7 +208,7 @@ def test_a_tenant_whose_limits_are_not_cached_takes_the_orm_path(monkeypatch: py
     session = make_session(auth)
     clear_limits_cache()
     orm = _OrmCalls(monkeypatch)
-    task = _run(lambda: _create(auth, session, 1))
+    task = run_closing(lambda: _create(auth, session, 1))
     assert orm.calls == 1 and Task.objects.filter(pk=task.pk).exists()
 
 
@@ -242,7 +230,7 @@ def test_the_write_pool_is_reported_in_metrics(settings: Any) -> None:
         response = await sync_to_async(Client(REMOTE_ADDR="127.0.0.1").get)("/metrics")
         return str(response.content.decode())
 
-    text = _run(create_and_scrape)
+    text = run_closing(create_and_scrape)
     assert 'mcptasks_db_pool_max_connections{pool="async_writes"} 3.0' in text
     assert 'mcptasks_db_connections_open{pool="async_writes"} 0.0' not in text
     assert write_conns.open_connections() == 0
@@ -283,6 +271,6 @@ def test_a_refused_statement_goes_to_the_orm_and_keeps_the_async_path(monkeypatc
 
     monkeypatch.setattr(creationsql, "_build", failing)
     orm = _OrmCalls(monkeypatch)
-    task = _run(lambda: _create(auth, session, 1))
+    task = run_closing(lambda: _create(auth, session, 1))
     assert orm.calls == 1 and Task.objects.filter(pk=task.pk).exists()
     assert async_sql.available()
