@@ -20,9 +20,10 @@ Used only where :func:`available` (PostgreSQL without a transaction pooler, ``AS
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import weakref
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from django.db import OperationalError
@@ -132,38 +133,24 @@ async def _run_batch(sql: str, items: Sequence[list[Any]]) -> list[Any]:
     """One pipelined transaction of ``items`` (each the parameters of ``sql``): their first rows."""
     import psycopg
     from psycopg import AsyncRawCursor
-    from psycopg_pool import PoolTimeout
 
     if len(items) == 1:
         return [await _outcome(sql, items[0])]
-    pool = await _pool()
-    app = conf.get()
-    try:
-        async with pool.connection() as conn:
-            cursors = []
-            try:
-                async with conn.pipeline():
-                    for params in items:
-                        cur = AsyncRawCursor(conn)
-                        await cur.execute(sql, params, prepare=True)
-                        cursors.append(cur)
-            except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as exc:
-                raise OperationalError(f"the write timed out on the server ({type(exc).__name__})") from exc
-            except (psycopg.OperationalError, psycopg.InterfaceError):
-                raise
-            except psycopg.Error:
-                refused = True  # rolled back as a whole: each statement again, alone, below
-            else:
-                refused = False
-                rows = [await cur.fetchone() for cur in cursors]
-    except PoolTimeout:
-        logger.warning("write dropped: no write connection free for %.1f s", app.WRITE_QUEUE_TIMEOUT_S)
-        raise WriteQueueTimeout("no write connection was free in time") from None
-    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-        async_sql.mark_failed()
-        logger.warning("async write failed (%s); using the ORM for %.0f s", type(exc).__name__,
-                       async_sql.RETRY_AFTER_S)
-        raise async_sql.Unavailable from exc
+    async with _write_connection() as conn:
+        cursors = []
+        try:
+            async with conn.pipeline():
+                for params in items:
+                    cur = AsyncRawCursor(conn)
+                    await cur.execute(sql, params, prepare=True)
+                    cursors.append(cur)
+        except (psycopg.OperationalError, psycopg.InterfaceError):
+            raise  # a timeout or a failed connection: the whole batch, as _write_connection says
+        except psycopg.Error:
+            refused = True  # rolled back as a whole: each statement again, alone, below
+        else:
+            refused = False
+            rows = [await cur.fetchone() for cur in cursors]
     if refused:
         return [await _outcome(sql, params) for params in items]
     return [tuple(row) if row is not None else None for row in rows]
@@ -177,34 +164,24 @@ async def _outcome(sql: str, params: Sequence[Any]) -> Any:
         return exc
 
 
-async def execute(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
-    """Run one statement (``$n`` placeholders) as its own transaction; its first row.
-
-    :class:`Refused` when the database refuses it (a constraint, bad data: nothing was written);
-    :class:`WriteQueueTimeout` when no connection was free in time (nothing was sent);
-    Django's ``OperationalError`` on a lock or statement timeout (nothing was written);
-    :class:`async_sql.Unavailable` when the connection failed (then the statement may or may
-    not have committed: only an idempotent caller may try again).
-    """
+@contextlib.asynccontextmanager
+async def _write_connection() -> AsyncIterator[Any]:
+    """A connection of this loop's pool, with the failures every write shares mapped:
+    :class:`WriteQueueTimeout` when none was free in time (nothing was sent); Django's
+    ``OperationalError`` on a lock or statement timeout (rolled back, the connection is fine);
+    :class:`async_sql.Unavailable` when the connection failed (what was sent may or may not
+    have committed). A refusal of the statement itself passes through as psycopg raised it."""
     import psycopg
-    from psycopg import AsyncRawCursor
     from psycopg_pool import PoolTimeout
 
     pool = await _pool()
-    app = conf.get()
     try:
         async with pool.connection() as conn:
-            cur = AsyncRawCursor(conn)
-            await cur.execute(sql, list(params), prepare=True)
-            row = await cur.fetchone()
-            return tuple(row) if row is not None else None
+            yield conn
     except PoolTimeout:
-        logger.warning("write dropped: no write connection free for %.1f s", app.WRITE_QUEUE_TIMEOUT_S)
+        logger.warning("write dropped: no write connection free for %.1f s", conf.get().WRITE_QUEUE_TIMEOUT_S)
         raise WriteQueueTimeout("no write connection was free in time") from None
-    except psycopg.errors.IntegrityError as exc:
-        raise Refused(type(exc).__name__) from exc
     except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as exc:
-        # A lock or statement timeout: the statement was rolled back, the connection is fine.
         # Answered like the ORM's (503, retry); the ORM would only wait as long again.
         raise OperationalError(f"the write timed out on the server ({type(exc).__name__})") from exc
     except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
@@ -212,6 +189,26 @@ async def execute(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
         logger.warning("async write failed (%s); using the ORM for %.0f s", type(exc).__name__,
                        async_sql.RETRY_AFTER_S)
         raise async_sql.Unavailable from exc
+
+
+async def execute(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
+    """Run one statement (``$n`` placeholders) as its own transaction; its first row.
+
+    :class:`Refused` when the database refuses it (a constraint, bad data: nothing was written);
+    otherwise what :func:`_write_connection` raises (only an idempotent caller may try again
+    after :class:`async_sql.Unavailable`).
+    """
+    import psycopg
+    from psycopg import AsyncRawCursor
+
+    try:
+        async with _write_connection() as conn:
+            cur = AsyncRawCursor(conn)
+            await cur.execute(sql, list(params), prepare=True)
+            row = await cur.fetchone()
+            return tuple(row) if row is not None else None
+    except psycopg.errors.IntegrityError as exc:
+        raise Refused(type(exc).__name__) from exc
     except psycopg.Error as exc:
         # The statement was refused (bad data, say) and rolled back: the connection is fine, and
         # one request's input must not send every request of the process to the ORM. Only the
