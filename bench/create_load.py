@@ -6,7 +6,9 @@ are spread over ``--procs`` client processes (default 4, as in ``bench/e2e_load.
 stack of ``bench/e2e_load.py`` (2 web processes under ``--server`` + 2 workers, PostgreSQL + Redis, the tenant without
 limits or rates), the peer the official SDK server (``bench/peers/sdk_server.py``); both run the
 tasks they accept while the clients create more. Levels and targets interleave: for each level,
-the service then the peer. Prints creations/s and p50/p99 per level and target, and the ratios.
+the service (one tenant, then ``--tenants``) then the peer. Each of the service's targets starts
+once its workers have run the previous target's backlog (creation outpaces 2 workers of 50 ms
+tasks). Prints creations/s and p50/p99 per level and target, and the ratios.
 
 Usage (PostgreSQL + Redis as in CI)::
 
@@ -30,7 +32,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.e2e_load import AutovacuumStandIn, _pct, _start_service, server_autovacuum, start_peer  # noqa: E402
+from bench.e2e_load import TERMINAL, AutovacuumStandIn, _pct, _start_service, server_autovacuum, start_peer  # noqa: E402
 from bench.loadclient import CLIENTS, make_client, open_session  # noqa: E402
 from tests.support.servers import PRODUCTION_SERVER, WEB_SERVERS  # noqa: E402
 
@@ -102,6 +104,24 @@ def level(urls: list[str], tokens: list[str], clients: int, seconds: float, proc
     return (sum(r[0] for r in results), [x for r in results for x in r[1]], sum(r[2] for r in results))
 
 
+def drain(dsn: str, *, limit_s: float = 300.0) -> float:
+    """Wait until the service's workers have run every task the last target created (at most
+    ``limit_s``): the seconds it took. Each level creates faster than 2 workers run 50 ms tasks,
+    so without this the next target starts with the previous one's backlog still running beside
+    it (the 20-tenant target, always second, paid for the one-tenant target's backlog)."""
+    import psycopg
+
+    started = time.monotonic()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.monotonic() - started < limit_s:
+            row = conn.execute("SELECT count(*) FROM mcptasks_task WHERE status <> ALL(%s)",
+                               [list(TERMINAL)]).fetchone()
+            if row is None or row[0] == 0:
+                break
+            time.sleep(0.5)
+    return time.monotonic() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--levels", default="1,10,50")
@@ -145,6 +165,10 @@ def main() -> None:
         for clients in (int(x) for x in args.levels.split(",")):
             got = {}
             for name, target, toks in targets:
+                if name != "peer":
+                    waited = drain(dsn)
+                    if waited >= 1:
+                        print(f"  (waited {waited:.0f} s for the service's backlog to drain)", flush=True)
                 n, lat, failed = level(target, toks, clients, args.seconds, args.procs, args.client)
                 got[name] = (n / args.seconds, statistics.median(lat) if lat else float("nan"), _pct(lat, 0.99))
                 load = " ".join(Path("/proc/loadavg").read_text().split()[:3])

@@ -97,7 +97,7 @@ def _drop_pools_of_closed_loops() -> None:
             _pools.pop(loop, None)
 
 
-async def execute_grouped(sql: str, params: Sequence[Any], *, group: int) -> tuple[Any, ...] | None:
+async def execute_grouped(sql: str, params: Sequence[Any], *, group: int | str | None) -> tuple[Any, ...] | None:
     """:func:`execute`, sharing one transaction with the same ``group``'s concurrent statements.
 
     Statements of one group that arrive while that group's previous batch is in flight are sent
@@ -105,10 +105,12 @@ async def execute_grouped(sql: str, params: Sequence[Any], *, group: int) -> tup
     ``pg_notify`` they all make, one notification. Issue 27 measured the send of each creation as
     the largest single share of a web process's CPU under load.
 
-    ``group`` must name the only row a statement may lock (the creation's: its tenant), so a
-    batch's transaction holds no lock but that one row and two batches can never wait on each
-    other in a cycle. The server runs the whole batch without waiting for the client (it is
-    sent with its final Sync), so no lock is held across a round trip to Python either.
+    ``group`` must name the only row a statement may lock (a counted tenant's creation: its
+    tenant), so a batch's transaction holds no lock but that one row and two batches can never
+    wait on each other in a cycle; statements that lock nothing may share any group (see
+    :func:`mcptasks.models.creationsql.insert_task`). The server runs the whole batch without
+    waiting for the client (it is sent with its final Sync), so no lock is held across a round
+    trip to Python either.
 
     Same results and exceptions as :func:`execute`. A lock or statement timeout fails the whole
     batch alike (nothing of it was written); any other refusal rolls the batch back and its
@@ -126,7 +128,7 @@ async def execute_grouped(sql: str, params: Sequence[Any], *, group: int) -> tup
 #: At most this many statements share one transaction.
 GROUP_MAX = 32
 
-_grouped: dict[tuple[str, int], Coalescer[list[Any], Any]] = {}
+_grouped: dict[tuple[str, int | str | None], Coalescer[list[Any], Any]] = {}
 
 
 async def _run_batch(sql: str, items: Sequence[list[Any]]) -> list[Any]:

@@ -140,15 +140,17 @@ async def acreate_task(
     }
     row = cached_tenant_row(tenant_id=auth.tenant_id) if write_conns.available() else None
     if row is not None:
+        limits = limits_of(row)
         task, ttl = _new_task(
             auth=auth, session_id=session.pk, tool=tool, arguments=arguments, request_id=request_id,
             progress_token=progress_token, kind=Task.Kind.TASK, requested_ttl_ms=requested_ttl_ms,
-            stream_id=None, idempotency_key=idempotency_key, limits=limits_of(row),
+            stream_id=None, idempotency_key=idempotency_key, limits=limits,
         )
+        counted = limits.max_concurrent_tasks is not None or limits.max_concurrent_tasks_per_principal is not None
         try:
             # The statement wakes the workers itself (pg_notify, delivered on commit).
             if await creationsql.insert_task(task=task, audit_data={"tool": tool.name, "ttl": ttl},
-                                             fallback_limit=quotas.default_tenant_limit()):
+                                             fallback_limit=quotas.default_tenant_limit(), counted=counted):
                 return task
         except write_conns.Refused:
             pass  # e.g. the idempotency key of an earlier attempt: the ORM path answers it
