@@ -90,6 +90,32 @@ def test_a_counted_tenant_shares_transactions_with_no_other_tenant() -> None:
     assert Tenant.objects.get(pk=counted[0].tenant_id).active_tasks == 16  # every slot taken once
 
 
+def test_a_limit_set_after_the_limits_were_read_still_counts_every_slot_in_a_shared_batch() -> None:
+    """The web process still believes the tenant uncounted, so its creations join the shared
+    group; the statement reads the limit itself and takes (or refuses) each slot exactly."""
+    from tenants.models import Tenant
+
+    limited, free = make_auth(), make_auth()
+    for auth in (limited, free):
+        effective_limits(tenant_id=auth.tenant_id)  # cached as uncounted
+    Tenant.objects.filter(pk=limited.tenant_id).update(max_concurrent_tasks=10)
+    sessions = [make_session(auth) for auth in (limited, free)]
+
+    async def race() -> list[Any]:
+        return list(await asyncio.gather(*(
+            creation.acreate_task(auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1},
+                                  request_id=f"{auth.tenant_id}-{i}", progress_token=None)
+            for i in range(16) for auth, session in zip((limited, free), sessions, strict=True)),
+            return_exceptions=True))
+
+    outcomes = run_closing(race)
+    assert len(_xmins(free.tenant_id)) == 16  # the other tenant is not held up
+    created = len(_xmins(limited.tenant_id))
+    assert created == 10 and Tenant.objects.get(pk=limited.tenant_id).active_tasks == 10
+    refused = [o for o in outcomes if isinstance(o, BaseException)]
+    assert len(refused) == 6, refused
+
+
 def _probe_rows() -> list[int]:
     with connection.cursor() as cur:
         cur.execute(f"SELECT v FROM {PROBE} ORDER BY v")
