@@ -136,6 +136,18 @@ def one_statement_slot_sql(*, tenant: str, principal: str, fallback: str) -> tup
     return ctes, condition
 
 
+def one_statement_uncounted_sql(*, tenant: str, principal: str, fallback: str) -> tuple[str, str]:
+    """The CTE and condition of :func:`one_statement_slot_sql` for a tenant believed uncounted:
+    no slot is taken and no row is locked; the condition holds only while the tenant really has
+    no limit (one set since it was read makes the caller's statement write nothing, and the
+    caller then takes :func:`acquire_task_slot`'s path). ``principal`` is bound as in the
+    counted statement, so both take the same parameters."""
+    limit = f"COALESCE(max_concurrent_tasks, CAST({fallback} AS INTEGER))"
+    ctes = (f"quota_cfg AS (SELECT {limit} AS tl, max_concurrent_tasks_per_principal AS pl, "  # noqa: S608
+            f"CAST({principal} AS BIGINT) AS principal FROM {_table(Tenant)} WHERE id = {tenant})")
+    return ctes, "EXISTS (SELECT 1 FROM quota_cfg WHERE tl IS NULL AND pl IS NULL)"
+
+
 def one_statement_release_sql(*, released: str, fallback: str) -> str:
     """CTEs giving slots back inside a larger PostgreSQL statement: :func:`release_task_slots`'s work.
 

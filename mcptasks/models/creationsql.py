@@ -24,12 +24,18 @@ from tenants import quotas
 _AUDIT_FIELDS = ("tenant_id", "principal_id", "chain", "principal_ref", "action", "task_id", "data", "created_at",
                  "prev_hash", "hash")
 
-_statement: tuple[str, list[Field[Any, Any]], list[Field[Any, Any]], Any] | None = None
+_statements: dict[bool, tuple[str, list[Field[Any, Any]], list[Field[Any, Any]], Any]] = {}
 
 
-def _build() -> tuple[str, list[Field[Any, Any]], list[Field[Any, Any]], Any]:
-    """The statement, the task and audit fields whose values it binds (in order), and the
-    connection wrapper that adapts those values.
+def _build(*, counted: bool) -> tuple[str, list[Field[Any, Any]], list[Field[Any, Any]], Any]:
+    """The statement for a counted or an uncounted tenant, the task and audit fields whose values
+    it binds (in order), and the connection wrapper that adapts those values.
+
+    The counted statement takes the quota slot (locking the tenant's row while it runs). The
+    uncounted one takes none, locks no row, and inserts only while the tenant still has no
+    limit; its insert does nothing on a unique conflict (a retried idempotency key), so nothing
+    a client sends makes it fail and roll back the other creations of its shared batch
+    (:func:`insert_task`). Both answer "not created" for what they do not decide.
 
     The wrapper is kept: adapting a value reads only the backend's operations, which every
     wrapper of the alias shares, while ``connections["default"]`` looks one up in an
@@ -40,8 +46,8 @@ def _build() -> tuple[str, list[Field[Any, Any]], list[Field[Any, Any]], Any]:
     runs in the statement and PostgreSQL delivers it on commit. (The statement is only used
     without a transaction pooler, which is where workers listen.)
     """
-    global _statement
-    if _statement is None:
+    found = _statements.get(counted)
+    if found is None:
         conn = connections["default"]
         quote = conn.ops.quote_name
         task_fields = [f for f in Task._meta.concrete_fields if not f.primary_key]
@@ -60,21 +66,25 @@ def _build() -> tuple[str, list[Field[Any, Any]], list[Field[Any, Any]], Any]:
                 out.append(f"CAST(${n} AS {field.cast_db_type(conn)})")
             return ", ".join(out)
 
-        ctes, may_insert = quotas.one_statement_slot_sql(tenant="$1", principal="$2", fallback="$3")
+        if counted:
+            ctes, may_insert = quotas.one_statement_slot_sql(tenant="$1", principal="$2", fallback="$3")
+        else:
+            ctes, may_insert = quotas.one_statement_uncounted_sql(tenant="$1", principal="$2", fallback="$3")
         task_cols = ", ".join(quote(str(f.column)) for f in task_fields)
         audit_cols = ", ".join(quote(str(f.column)) for f in audit_fields)
         # Identifiers come from the models' metadata; every value is a bound parameter.
         sql = (
             f"WITH {ctes}, "  # noqa: S608
             f"created AS (INSERT INTO {quote(Task._meta.db_table)} ({task_cols}) "
-            f"SELECT {values(task_fields)} WHERE {may_insert} RETURNING {quote(str(Task._meta.pk.column))}), "
+            f"SELECT {values(task_fields)} WHERE {may_insert} {'' if counted else 'ON CONFLICT DO NOTHING '}"
+            f"RETURNING {quote(str(Task._meta.pk.column))}), "
             f"audited AS (INSERT INTO {quote(AuditEvent._meta.db_table)} ({audit_cols}) "
             f"SELECT {values(audit_fields)} FROM created) "
             "SELECT (SELECT * FROM created)"
         )
         sql += f", (SELECT pg_notify('{wakeups.CHANNEL}', '') FROM created)"  # noqa: S608 (a constant)
-        _statement = (sql, task_fields, audit_fields, conn)
-    return _statement
+        found = _statements[counted] = (sql, task_fields, audit_fields, conn)
+    return found
 
 
 #: The group of :func:`mcptasks.db.write_conns.execute_grouped` that creations of every uncounted
@@ -87,22 +97,22 @@ async def insert_task(*, task: Task, audit_data: dict[str, Any], fallback_limit:
     """Insert ``task`` (unsaved) with its slot and audit event, waking the listening workers on
     commit; whether it was created.
 
-    ``counted``: whether the tenant's limits (as the caller last read them) count its tasks,
-    which makes the statement lock the tenant's row for its slot. Concurrent creations share a
-    transaction (:func:`mcptasks.db.write_conns.execute_grouped`): a counted tenant's only with
-    each other, so a batch locks one row and a tenant whose row is held (a frozen lock holder,
-    the lock timeout) holds up none but itself; uncounted tenants' all together, since those
-    statements lock nothing, so many tenants batch as well as one (issue 27: grouped by tenant,
-    20 tenants made 0.58x the creations of one). Should a limit have been set since the caller
-    read the tenant, the statement locks that row in a shared batch: a deadlock with another
-    batch is the database's to break, and the batch is then run again one statement at a time.
+    ``counted``: whether the tenant's limits (as the caller last read them) count its tasks.
+    Concurrent creations share a transaction (:func:`mcptasks.db.write_conns.execute_grouped`):
+    a counted tenant's only with each other, since its statement locks the tenant's row for the
+    slot, so a batch locks one row and a tenant whose row is held (a frozen lock holder, the
+    lock timeout) holds up none but itself. Uncounted tenants' all together (issue 27: grouped
+    by tenant, 20 tenants made 0.58x the creations of one): their statement takes no slot and
+    locks no row, writes nothing if a limit was set since the caller read the tenant (the
+    caller's ORM path then decides), and a retried idempotency key makes it write nothing
+    rather than fail, so one tenant's requests cannot roll back another's creations.
 
     False when the statement made no decision it may make alone: the tenant is unknown, full,
     or has a per-principal limit (nothing was written; the caller asks the ORM path, which
     decides and names the limit). On True, ``task`` is the saved row. Raises what
     :func:`mcptasks.db.write_conns.execute` raises.
     """
-    sql, task_fields, audit_fields, conn = _build()
+    sql, task_fields, audit_fields, conn = _build(counted=counted)
     event = AuditEvent(
         tenant_id=task.tenant_id, principal_id=task.principal_id, chain=task.tenant_id or 0,
         principal_ref=task.principal_id, action="task.create", task_id=task.task_id, data=audit_data,

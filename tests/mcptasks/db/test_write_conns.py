@@ -116,6 +116,32 @@ def test_a_limit_set_after_the_limits_were_read_still_counts_every_slot_in_a_sha
     assert len(refused) == 6, refused
 
 
+def test_a_retried_key_in_a_shared_batch_rolls_back_no_other_tenants_creations() -> None:
+    """A unique conflict would roll the whole shared transaction back and every creation in it
+    would be run again alone: a client retrying one key could undo every other tenant's batching."""
+    retrier, other = make_auth(), make_auth()
+    sessions = [make_session(auth) for auth in (retrier, other)]
+    for auth in (retrier, other):
+        effective_limits(tenant_id=auth.tenant_id)
+
+    def create(auth: Any, session: Any, i: int, key: str | None) -> Any:
+        return creation.acreate_task(auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1},
+                                     request_id=f"{auth.tenant_id}-{i}", progress_token=None, idempotency_key=key)
+
+    first = run_closing(lambda: create(retrier, sessions[0], 0, "retried-key"))
+
+    async def race() -> list[Any]:
+        return list(await asyncio.gather(
+            create(other, sessions[1], 0, None), create(retrier, sessions[0], 0, "retried-key"),
+            *(create(other, sessions[1], i, None) for i in range(1, 20))))
+
+    outcomes = run_closing(race)
+    assert outcomes[1].task_id == first.task_id  # the retry gets the first attempt's task
+    assert len(_xmins(retrier.tenant_id)) == 1
+    xmins = _xmins(other.tenant_id)
+    assert len(xmins) == 20 and len(set(xmins)) < 5, xmins  # still batched, not re-run one by one
+
+
 def _probe_rows() -> list[int]:
     with connection.cursor() as cur:
         cur.execute(f"SELECT v FROM {PROBE} ORDER BY v")

@@ -265,8 +265,8 @@ def test_a_refused_statement_goes_to_the_orm_and_keeps_the_async_path(monkeypatc
     effective_limits(tenant_id=auth.tenant_id)
     real = creationsql._build
 
-    def failing() -> Any:
-        sql, *rest = real()
+    def failing(**kwargs: Any) -> Any:
+        sql, *rest = real(**kwargs)
         return (sql + ", (SELECT 1 / (SELECT count(*) FROM created WHERE false))", *rest)
 
     monkeypatch.setattr(creationsql, "_build", failing)
