@@ -10,6 +10,7 @@ Sentinels make it a replica of the new one): the same again.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import threading
 import time
@@ -151,6 +152,18 @@ def _noisy(lines: list[str]) -> list[str]:
             and not ("django.request" in line and "/readyz" in line)]
 
 
+_MOVED = re.compile(r"Redis primary of '[^']+' moved from (\S+) to (\S+);")
+
+
+def _failovers_seen(lines: list[str]) -> int:
+    """How many times the primary moved in ``lines`` (at least one): a killed primary that
+    comes back may make the Sentinels fail over a second time, each with its own lines. Every
+    Redis client of a process logs the same move, so repeats of one move count once."""
+    moves = [m.groups() for m in map(_MOVED.search, lines) if m is not None]
+    distinct = [move for i, move in enumerate(moves) if i == 0 or move != moves[i - 1]]
+    return max(1, len(distinct))
+
+
 def _check_recovered(client: McpClient, web: Proc, listener: Listener, since: float) -> None:
     # Live delivery: a task created now notifies the stream opened before the failover.
     deadline = since + RECOVERY_S
@@ -206,5 +219,5 @@ def test_failover_under_load(procs: tuple[Proc, Proc], sentinel: PrivateSentinel
     assert not load.not_ready, [(round(t - switched, 2), what) for t, what in load.not_ready][:10]
     for p, start in zip((web, worker), before, strict=True):
         noisy = _noisy(_log_lines(p)[start:])
-        assert len(noisy) <= MAX_LOG_LINES_PER_FAILOVER, noisy[:40]
+        assert len(noisy) <= MAX_LOG_LINES_PER_FAILOVER * _failovers_seen(noisy), noisy[:40]
         assert not [line for line in noisy if "never retrieved" in line], noisy[:20]
