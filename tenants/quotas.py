@@ -118,12 +118,11 @@ def one_statement_slot_sql(*, tenant: str, principal: str, fallback: str) -> tup
     as it does for every other refusal, which then names the limit.
     """
     tenant_table, principal_table = _table(Tenant), _table(Principal)
-    limit = f"COALESCE(max_concurrent_tasks, CAST({fallback} AS INTEGER))"
+    limit = _limit_sql(fallback)
     # The per-principal column and the tenant limit are part of the UPDATE's own condition, so
     # PostgreSQL re-checks them on the newest row version after waiting for the row lock.
     ctes = (
-        f"quota_cfg AS (SELECT {limit} AS tl, max_concurrent_tasks_per_principal AS pl "  # noqa: S608
-        f"FROM {tenant_table} WHERE id = {tenant}), "
+        f"{_config_cte(tenant=tenant, fallback=fallback)}, "  # noqa: S608
         f"quota_t AS (UPDATE {tenant_table} SET active_tasks = active_tasks + 1 WHERE id = {tenant} "
         f"AND max_concurrent_tasks_per_principal IS NULL AND {limit} IS NOT NULL AND active_tasks < {limit} "
         "RETURNING 1), "
@@ -132,8 +131,7 @@ def one_statement_slot_sql(*, tenant: str, principal: str, fallback: str) -> tup
     )
     # A principal missing from the tenant fails the caller's insert (its foreign key), which
     # rolls the tenant's slot back with the whole statement.
-    condition = "EXISTS (SELECT 1 FROM quota_cfg WHERE tl IS NULL AND pl IS NULL) OR EXISTS (SELECT 1 FROM quota_t)"
-    return ctes, condition
+    return ctes, f"{_UNCOUNTED} OR EXISTS (SELECT 1 FROM quota_t)"  # noqa: S608 (constants)
 
 
 def one_statement_uncounted_sql(*, tenant: str, principal: str, fallback: str) -> tuple[str, str]:
@@ -142,10 +140,23 @@ def one_statement_uncounted_sql(*, tenant: str, principal: str, fallback: str) -
     no limit (one set since it was read makes the caller's statement write nothing, and the
     caller then takes :func:`acquire_task_slot`'s path). ``principal`` is bound as in the
     counted statement, so both take the same parameters."""
-    limit = f"COALESCE(max_concurrent_tasks, CAST({fallback} AS INTEGER))"
-    ctes = (f"quota_cfg AS (SELECT {limit} AS tl, max_concurrent_tasks_per_principal AS pl, "  # noqa: S608
-            f"CAST({principal} AS BIGINT) AS principal FROM {_table(Tenant)} WHERE id = {tenant})")
-    return ctes, "EXISTS (SELECT 1 FROM quota_cfg WHERE tl IS NULL AND pl IS NULL)"
+    return _config_cte(tenant=tenant, fallback=fallback, also=f"CAST({principal} AS BIGINT) AS principal"), _UNCOUNTED
+
+
+#: The condition, over ``quota_cfg``, that the tenant has no limit at all.
+_UNCOUNTED = "EXISTS (SELECT 1 FROM quota_cfg WHERE tl IS NULL AND pl IS NULL)"
+
+
+def _limit_sql(fallback: str) -> str:
+    """The tenant's concurrency limit, its own or the default (``fallback``'s placeholder)."""
+    return f"COALESCE(max_concurrent_tasks, CAST({fallback} AS INTEGER))"
+
+
+def _config_cte(*, tenant: str, fallback: str, also: str = "") -> str:
+    """``quota_cfg``: the tenant's limits (``tl``, ``pl``), read without a lock, and ``also``."""
+    extra = f", {also}" if also else ""
+    return (f"quota_cfg AS (SELECT {_limit_sql(fallback)} AS tl, "  # noqa: S608
+            f"max_concurrent_tasks_per_principal AS pl{extra} FROM {_table(Tenant)} WHERE id = {tenant})")
 
 
 def one_statement_release_sql(*, released: str, fallback: str) -> str:
