@@ -42,7 +42,7 @@ from tenants import ratelimit
 from tenants.auth import AuthContext, insufficient_scope
 from tenants.exceptions import QuotaExceeded, RateLimited
 from tenants.infra.coalesce import SingleFlight
-from tenants.selectors import TenantRow, cached_tenant_row, limits_of, tenant_row
+from tenants.selectors import TenantRow, limits_of, read_tenant_row, usable_tenant_row
 
 _TASK_ID = re.compile(TASK_ID_PATTERN)
 
@@ -112,15 +112,24 @@ async def admit(
 async def _count(*, auth: AuthContext, op_class: str, polled: str | None) -> bool:
     """Count the request (and note a poll) in one Redis round trip; whether the poll came too soon."""
     tenant_id = auth.tenant_id
-    row = cached_tenant_row(tenant_id=tenant_id)
-    if row is None:
-        # The tenant's limits are re-read from the database once per LIMITS_CACHE_S, by one
-        # request; the others in flight wait for that read.
-        row = await _tenant_reads.run(tenant_id, lambda: database_sync_to_async(tenant_row)(tenant_id=tenant_id))
+    usable = usable_tenant_row(tenant_id=tenant_id)
+    if usable is None:
+        # Never read, or not for two LIMITS_CACHE_S: one request reads the tenant's limits and
+        # the others in flight wait for that read.
+        row = await _tenant_reads.run(tenant_id, lambda: _read_limits(tenant_id))
+    else:
+        row, fresh = usable
+        if not fresh:
+            # Lapsed: re-read in the background, once, while requests go on with these.
+            _tenant_reads.start(tenant_id, lambda: _read_limits(tenant_id))
     return await ratelimit.acount_request(
         auth=auth, op_class=op_class, polled_task_id=polled,  # type: ignore[arg-type]
         poll_interval_ms=limits_of(row).poll_interval_ms, row=row,
     )
+
+
+async def _read_limits(tenant_id: int) -> TenantRow:
+    return await database_sync_to_async(read_tenant_row)(tenant_id=tenant_id)
 
 
 async def failure(

@@ -112,6 +112,11 @@ class SingleFlight(Generic[K, R]):
 
     async def run(self, key: K, fn: Callable[[], Awaitable[R]]) -> R:
         """``await fn()``, or the result of the run already under way for ``key``."""
+        return await asyncio.shield(self.start(key, fn))
+
+    def start(self, key: K, fn: Callable[[], Awaitable[R]]) -> asyncio.Task[R]:
+        """The run for ``key``, started now if none is under way; a caller may leave it running
+        unawaited (a refresh in the background): its exception is retrieved, never raised."""
         loop = asyncio.get_running_loop()
         flights = self._flights.get(loop)
         if flights is None:
@@ -120,7 +125,7 @@ class SingleFlight(Generic[K, R]):
         if flight is None:
             flight = flights[key] = loop.create_task(_awaited(fn))
             flight.add_done_callback(lambda done: _landed(flights, key, done))
-        return await asyncio.shield(flight)
+        return flight
 
 
 async def _awaited(fn: Callable[[], Awaitable[R]]) -> R:

@@ -104,7 +104,7 @@ async def acount_request(
 ) -> bool:
     """``check_rate`` and (for a ``tasks/get``) ``note_poll`` from async code, in one Redis round trip.
 
-    ``row`` is the tenant's limits (:func:`tenants.selectors.cached_tenant_row`). The count, the
+    ``row`` is the tenant's limits (:func:`tenants.selectors.usable_tenant_row`). The count, the
     poll note and a too-early poll's extra read are one Lua script; only a refusal costs a second
     round trip (to uncount). Returns whether this was a poll sooner than ``pollInterval`` (known
     where the tenant has a read limit).

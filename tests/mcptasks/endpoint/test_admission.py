@@ -218,3 +218,52 @@ def test_one_payload_too_large_body() -> None:
     body = json.loads(jsonrpc.payload_too_large_body(1024))
     message = "Payload Too Large: the limit is 1024 bytes"
     assert body == {"jsonrpc": "2.0", "error": {"code": -32600, "message": message}}
+
+
+def test_a_lapsed_tenant_row_is_re_read_in_the_background(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a tenant's cached limits lapse, requests go on with them while one re-read runs
+    (issue 27: every request of the tenant in flight waited for that read)."""
+    import asyncio
+    import threading
+    import time
+
+    from tenants import selectors
+    from tenants.models import Tenant
+    from tests.support.factories import make_auth
+
+    settings.TENANTS = {**settings.TENANTS, "LIMITS_CACHE_S": 60.0}
+    auth = make_auth(make_tenant(rate_other_per_min=1000))
+    selectors.clear_limits_cache()
+    lapsed = selectors.TenantRow(rate_other_per_min=1000)
+    selectors.remember_tenant_row(tenant_id=auth.tenant_id, row=lapsed, read_at=time.monotonic() - 61.0)
+    release, reads = threading.Event(), []
+    real = selectors.read_tenant_row
+
+    def slow_read(*, tenant_id: int) -> selectors.TenantRow:
+        reads.append(tenant_id)
+        release.wait(10)
+        return real(tenant_id=tenant_id)
+
+    monkeypatch.setattr(admission, "read_tenant_row", slow_read)
+    edit = sync_to_async(lambda: Tenant.objects.filter(pk=auth.tenant_id).update(rate_other_per_min=5))
+
+    async def main() -> None:
+        await edit()
+        # Three requests while the re-read is held: none waits for it, one read is made.
+        for _ in range(3):
+            await asyncio.wait_for(admission._count(auth=auth, op_class="other", polled=None), 2)
+        assert reads == [auth.tenant_id]
+        assert selectors.usable_tenant_row(tenant_id=auth.tenant_id) == (lapsed, False)
+        release.set()
+        for _ in range(200):
+            hit = selectors.usable_tenant_row(tenant_id=auth.tenant_id)
+            if hit is not None and hit[1]:
+                break
+            await asyncio.sleep(0.01)
+        assert selectors.usable_tenant_row(tenant_id=auth.tenant_id) == (
+            selectors.TenantRow(rate_other_per_min=5), True)
+
+    try:
+        asyncio.run(main())
+    finally:
+        release.set()

@@ -356,7 +356,7 @@ async def test_concurrent_requests_share_one_verification_and_one_limits_read(mo
 
     monkeypatch.setattr(gate, "authenticate", counting("authenticate", gate.authenticate))
     # The limits are read by the admission pipeline both eras run.
-    monkeypatch.setattr(admission, "tenant_row", counting("tenant_row", admission.tenant_row))
+    monkeypatch.setattr(admission, "read_tenant_row", counting("tenant_row", admission.read_tenant_row))
     cache.clear()
     clear_limits_cache()
     responses = await asyncio.gather(*(post(INIT, headers) for _ in range(8)))
