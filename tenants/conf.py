@@ -74,9 +74,8 @@ class TenantSettings:
     )
     LIMITS_CACHE_S: float = setting(
         1.0,
-        "Each process re-reads a tenant's limits at least this often (admin edits apply without restart). "
-        "Past it, the process goes on with the limits it has while one request's re-read runs in the "
-        "background; it never uses limits older than twice this.",
+        "Each process re-reads a tenant's limits at least this often (admin edits apply without restart), "
+        "in the background ahead of their lapse while requests come.",
         env="MCPTASKS_TENANT_LIMITS_CACHE_S",
     )
     FLAG_PENALTY_S: int = setting(

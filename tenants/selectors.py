@@ -59,33 +59,33 @@ def tenant_row(*, tenant_id: int) -> TenantRow:
 
 def cached_tenant_row(*, tenant_id: int) -> TenantRow | None:
     """The tenant's limits if this process read them less than ``LIMITS_CACHE_S`` ago (no I/O)."""
-    with _lock:
-        hit = _cache.get(tenant_id)
-    return hit[1] if hit is not None and hit[0] > time.monotonic() else None
+    usable = usable_tenant_row(tenant_id=tenant_id)
+    return usable[0] if usable is not None else None
+
+
+#: A cached row is re-read ahead of its lapse once this share of ``LIMITS_CACHE_S`` is left.
+REFRESH_AHEAD = 0.25
 
 
 def usable_tenant_row(*, tenant_id: int) -> tuple[TenantRow, bool] | None:
-    """The tenant's cached limits and whether they are fresh (read less than ``LIMITS_CACHE_S``
-    ago), or None when this process has none it may use (no I/O).
+    """The tenant's limits if this process read them less than ``LIMITS_CACHE_S`` ago, and
+    whether they are due to be re-read ahead of their lapse (no I/O); None when they lapsed.
 
-    A row past its ``LIMITS_CACHE_S`` stays usable for one more ``LIMITS_CACHE_S`` while the
-    caller has it re-read in the background (:func:`remember_tenant_row`). Issue 27: when the
-    row lapsed, every request of the tenant in flight waited for the one that re-read it, and
-    its creations in flight took the ORM path; 20 tenants lapsed 20 times as often as one, and
-    their p99 was 2-2.5x one tenant's. So an admin's edit applies within ``LIMITS_CACHE_S`` plus
-    one read, and within twice ``LIMITS_CACHE_S`` whatever the reads do.
+    Issue 27: when the row lapsed, every request of the tenant in flight waited for the one that
+    re-read it, and its creations in flight took the slower ORM path; 20 tenants lapse 20 times
+    as often as one. A caller that is told the row is due has it re-read in the background
+    (:func:`read_tenant_row`) while requests go on with the row, which is still within
+    ``LIMITS_CACHE_S`` of its read: an admin's edit still applies within ``LIMITS_CACHE_S``.
     """
     with _lock:
         hit = _cache.get(tenant_id)
     if hit is None:
         return None
     fresh_until, row = hit
-    now = time.monotonic()
-    if now < fresh_until:
-        return row, True
-    if now < fresh_until + conf.get().LIMITS_CACHE_S:
-        return row, False
-    return None
+    left = fresh_until - time.monotonic()
+    if left <= 0:
+        return None
+    return row, left < conf.get().LIMITS_CACHE_S * REFRESH_AHEAD
 
 
 def remember_tenant_row(*, tenant_id: int, row: TenantRow, read_at: float) -> None:

@@ -114,13 +114,13 @@ async def _count(*, auth: AuthContext, op_class: str, polled: str | None) -> boo
     tenant_id = auth.tenant_id
     usable = usable_tenant_row(tenant_id=tenant_id)
     if usable is None:
-        # Never read, or not for two LIMITS_CACHE_S: one request reads the tenant's limits and
-        # the others in flight wait for that read.
+        # Never read, or lapsed (no request came while they were due): one request reads the
+        # tenant's limits and the others in flight wait for that read.
         row = await _tenant_reads.run(tenant_id, lambda: _read_limits(tenant_id))
     else:
-        row, fresh = usable
-        if not fresh:
-            # Lapsed: re-read in the background, once, while requests go on with these.
+        row, due = usable
+        if due:
+            # Re-read in the background, once, before they lapse; requests go on with these.
             _tenant_reads.start(tenant_id, lambda: _read_limits(tenant_id))
     return await ratelimit.acount_request(
         auth=auth, op_class=op_class, polled_task_id=polled,  # type: ignore[arg-type]

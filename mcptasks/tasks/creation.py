@@ -18,7 +18,7 @@ from mcptasks.tasks import auditing, idempotency
 from mcptasks.tools.registry import Tool
 from tenants import quotas
 from tenants.auth import AuthContext
-from tenants.selectors import TaskLimits, effective_limits, limits_of, usable_tenant_row
+from tenants.selectors import TaskLimits, cached_tenant_row, effective_limits, limits_of
 
 
 def _new_task(
@@ -138,11 +138,9 @@ async def acreate_task(
         "auth": auth, "session": session, "tool": tool, "arguments": arguments, "request_id": request_id,
         "progress_token": progress_token, "requested_ttl_ms": requested_ttl_ms, "idempotency_key": idempotency_key,
     }
-    # A lapsed row will do (admission has it re-read): the statement checks the limits it
-    # depends on itself, on the tenant's row, and writes nothing it may not decide alone.
-    usable = usable_tenant_row(tenant_id=auth.tenant_id) if write_conns.available() else None
-    if usable is not None:
-        limits = limits_of(usable[0])
+    row = cached_tenant_row(tenant_id=auth.tenant_id) if write_conns.available() else None
+    if row is not None:
+        limits = limits_of(row)
         task, ttl = _new_task(
             auth=auth, session_id=session.pk, tool=tool, arguments=arguments, request_id=request_id,
             progress_token=progress_token, kind=Task.Kind.TASK, requested_ttl_ms=requested_ttl_ms,

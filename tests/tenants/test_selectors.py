@@ -1,4 +1,4 @@
-"""A tenant's cached limits: fresh for ``LIMITS_CACHE_S``, then usable for one more while re-read."""
+"""A tenant's cached limits: used for ``LIMITS_CACHE_S`` after their read, re-read ahead of their lapse."""
 
 from __future__ import annotations
 
@@ -21,27 +21,30 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     return now
 
 
-def test_fresh_then_lapsed_then_gone(settings: Any, clock: list[float]) -> None:
+def test_fresh_then_due_then_lapsed(settings: Any, clock: list[float]) -> None:
     settings.TENANTS = {**settings.TENANTS, "LIMITS_CACHE_S": 1.0}
     tenant = Tenant.objects.create(slug="sel", name="sel", max_concurrent_tasks=3)
     assert usable_tenant_row(tenant_id=tenant.pk) is None
     assert tenant_row(tenant_id=tenant.pk).max_concurrent_tasks == 3
-    assert usable_tenant_row(tenant_id=tenant.pk) == (TenantRow(max_concurrent_tasks=3), True)
-    Tenant.objects.filter(pk=tenant.pk).update(max_concurrent_tasks=4)
-    clock[0] += 1.5  # past LIMITS_CACHE_S: still the old row, marked lapsed
     assert usable_tenant_row(tenant_id=tenant.pk) == (TenantRow(max_concurrent_tasks=3), False)
-    assert selectors.cached_tenant_row(tenant_id=tenant.pk) is None  # a fresh-only reader re-reads
-    clock[0] += 0.6  # past twice LIMITS_CACHE_S: not usable at all
+    Tenant.objects.filter(pk=tenant.pk).update(max_concurrent_tasks=4)
+    clock[0] += 0.8  # the last quarter: still the row read, due to be re-read
+    assert usable_tenant_row(tenant_id=tenant.pk) == (TenantRow(max_concurrent_tasks=3), True)
+    assert tenant_row(tenant_id=tenant.pk).max_concurrent_tasks == 3  # a plain reader uses it
+    clock[0] += 0.2  # LIMITS_CACHE_S after the read: never used again
     assert usable_tenant_row(tenant_id=tenant.pk) is None
-    assert read_tenant_row(tenant_id=tenant.pk).max_concurrent_tasks == 4
-    assert usable_tenant_row(tenant_id=tenant.pk) == (TenantRow(max_concurrent_tasks=4), True)
+    assert tenant_row(tenant_id=tenant.pk).max_concurrent_tasks == 4
+    assert usable_tenant_row(tenant_id=tenant.pk) == (TenantRow(max_concurrent_tasks=4), False)
+    clock[0] += 0.8
+    assert read_tenant_row(tenant_id=tenant.pk).max_concurrent_tasks == 4  # the re-read: fresh again
+    assert usable_tenant_row(tenant_id=tenant.pk) == (TenantRow(max_concurrent_tasks=4), False)
 
 
 def test_an_older_read_never_replaces_a_newer_one(settings: Any, clock: list[float]) -> None:
     settings.TENANTS = {**settings.TENANTS, "LIMITS_CACHE_S": 1.0}
     remember_tenant_row(tenant_id=7, row=TenantRow(max_concurrent_tasks=2), read_at=clock[0])
     remember_tenant_row(tenant_id=7, row=TenantRow(max_concurrent_tasks=1), read_at=clock[0] - 0.5)
-    assert usable_tenant_row(tenant_id=7) == (TenantRow(max_concurrent_tasks=2), True)
+    assert usable_tenant_row(tenant_id=7) == (TenantRow(max_concurrent_tasks=2), False)
 
 
 def test_no_cache_when_the_setting_is_zero(settings: Any) -> None:

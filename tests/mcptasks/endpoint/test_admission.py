@@ -220,9 +220,12 @@ def test_one_payload_too_large_body() -> None:
     assert body == {"jsonrpc": "2.0", "error": {"code": -32600, "message": message}}
 
 
-def test_a_lapsed_tenant_row_is_re_read_in_the_background(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Once a tenant's cached limits lapse, requests go on with them while one re-read runs
-    (issue 27: every request of the tenant in flight waited for that read)."""
+def test_a_tenant_row_is_re_read_in_the_background_before_it_lapses(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In the last quarter of a tenant's cached limits, requests go on with them while one
+    re-read runs (issue 27: once they lapsed, every request of the tenant in flight waited for
+    the one that re-read them)."""
     import asyncio
     import threading
     import time
@@ -234,8 +237,8 @@ def test_a_lapsed_tenant_row_is_re_read_in_the_background(settings: Any, monkeyp
     settings.TENANTS = {**settings.TENANTS, "LIMITS_CACHE_S": 60.0}
     auth = make_auth(make_tenant(rate_other_per_min=1000))
     selectors.clear_limits_cache()
-    lapsed = selectors.TenantRow(rate_other_per_min=1000)
-    selectors.remember_tenant_row(tenant_id=auth.tenant_id, row=lapsed, read_at=time.monotonic() - 61.0)
+    due = selectors.TenantRow(rate_other_per_min=1000)
+    selectors.remember_tenant_row(tenant_id=auth.tenant_id, row=due, read_at=time.monotonic() - 50.0)
     release, reads = threading.Event(), []
     real = selectors.read_tenant_row
 
@@ -253,15 +256,15 @@ def test_a_lapsed_tenant_row_is_re_read_in_the_background(settings: Any, monkeyp
         for _ in range(3):
             await asyncio.wait_for(admission._count(auth=auth, op_class="other", polled=None), 2)
         assert reads == [auth.tenant_id]
-        assert selectors.usable_tenant_row(tenant_id=auth.tenant_id) == (lapsed, False)
+        assert selectors.usable_tenant_row(tenant_id=auth.tenant_id) == (due, True)
         release.set()
         for _ in range(200):
             hit = selectors.usable_tenant_row(tenant_id=auth.tenant_id)
-            if hit is not None and hit[1]:
+            if hit is not None and not hit[1]:
                 break
             await asyncio.sleep(0.01)
         assert selectors.usable_tenant_row(tenant_id=auth.tenant_id) == (
-            selectors.TenantRow(rate_other_per_min=5), True)
+            selectors.TenantRow(rate_other_per_min=5), False)
 
     try:
         asyncio.run(main())

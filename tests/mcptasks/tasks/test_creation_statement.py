@@ -274,26 +274,3 @@ def test_a_refused_statement_goes_to_the_orm_and_keeps_the_async_path(monkeypatc
     task = run_closing(lambda: _create(auth, session, 1))
     assert orm.calls == 1 and Task.objects.filter(pk=task.pk).exists()
     assert async_sql.available()
-
-
-def test_a_lapsed_limits_row_still_takes_the_statement(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
-    """A row past LIMITS_CACHE_S, being re-read, still decides the path (issue 27: each lapse sent
-    the tenant's creations in flight to the ORM path); a limit set since then is still kept."""
-    import time
-
-    from tenants.selectors import TenantRow, remember_tenant_row
-
-    settings.TENANTS = {**settings.TENANTS, "LIMITS_CACHE_S": 60.0}
-    auth = make_auth()
-    session = make_session(auth)
-    remember_tenant_row(tenant_id=auth.tenant_id, row=TenantRow(), read_at=time.monotonic() - 61.0)
-    orm = _OrmCalls(monkeypatch)
-    run_closing(lambda: _create(auth, session, 1))
-    assert orm.calls == 0, "a lapsed row should still take the one-statement path"
-    # A limit set since the row was read: the uncounted statement writes nothing, and the ORM
-    # path (which reads the tenant) makes the creation and takes its slot.
-    Tenant.objects.filter(pk=auth.tenant_id).update(max_concurrent_tasks=5)
-    run_closing(lambda: _create(auth, session, 2))
-    assert orm.calls == 1
-    assert Task.objects.filter(tenant_id=auth.tenant_id).count() == 2
-    assert Tenant.objects.get(pk=auth.tenant_id).active_tasks == 1
