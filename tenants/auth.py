@@ -27,7 +27,8 @@ from tenants.context import AuthContext
 from tenants.exceptions import AuthError
 from tenants.jwt_issuers import JwtRejected, verify_external_jwt
 
-__all__ = ["AuthContext", "AuthError", "authenticate", "cached_context", "insufficient_scope", "prm_url", "remember"]
+__all__ = ["AuthContext", "AuthError", "authenticate", "cached_context", "cached_context_due", "forget",
+           "insufficient_scope", "prm_url", "remember"]
 
 logger = logging.getLogger(__name__)
 
@@ -105,10 +106,25 @@ def cached_context(
     A request with a query string is never answered from the cache (it may carry a token that
     must be refused); pass the key to :func:`remember` after a successful :func:`authenticate`.
     """
+    key, ctx, _ = cached_context_due(headers=headers, query_string=query_string, resource_url=resource_url)
+    return key, ctx
+
+
+def cached_context_due(
+    *, headers: dict[str, str], query_string: str, resource_url: str
+) -> tuple[bytes | None, AuthContext | None, bool]:
+    """:func:`cached_context`, and whether the context is due to be verified again ahead of its
+    lapse (:meth:`tenants.auth_cache.AuthCache.get_due`; the caller does it in the background)."""
     if query_string:
-        return None, None
+        return None, None, False
     key = auth_cache.cache.key(authorization=headers.get("authorization", ""), resource_url=resource_url)
-    return key, auth_cache.cache.get(key)
+    ctx, due = auth_cache.cache.get_due(key)
+    return key, ctx, due
+
+
+def forget(key: bytes) -> None:
+    """Drop the cached context of ``key`` (verified again and refused: the next request is refused)."""
+    auth_cache.cache.drop(key)
 
 
 def remember(key: bytes | None, ctx: AuthContext) -> None:

@@ -9,7 +9,8 @@ Only successes are cached, so unknown or forged tokens cannot fill it; at most
 
 Changes made in this process (a token revoked or deleted, a tenant disabled, an application's
 or member's grants narrowed, an issuer edited) clear the cache at once through model signals;
-other processes see them when their entries lapse, within ``AUTH_CACHE_S``.
+other processes see them when their entries lapse, within ``AUTH_CACHE_S``. While requests come,
+an entry is verified again in the background before it lapses (:meth:`AuthCache.get_due`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from typing import Any
 
 from tenants import conf
 from tenants.context import AuthContext
+
+#: A verdict is verified again ahead of its lapse once this share of ``AUTH_CACHE_S`` is left.
+REFRESH_AHEAD = 0.25
 
 
 class AuthCache:
@@ -38,15 +42,32 @@ class AuthCache:
 
     def get(self, key: bytes) -> AuthContext | None:
         """The cached context for ``key`` if it is still valid."""
+        return self.get_due(key)[0]
+
+    def get_due(self, key: bytes) -> tuple[AuthContext | None, bool]:
+        """The cached context for ``key`` if it is still valid, and whether it is due to be
+        verified again ahead of its lapse (the last :data:`REFRESH_AHEAD` of ``AUTH_CACHE_S``).
+
+        Issue 27: when a verdict lapsed, every request in flight with that credential waited for
+        the one that verified it again; a process serving 20 tenants' tokens lapsed 20 times as
+        often as one serving one. A caller told the entry is due verifies it in the background
+        while requests go on with it (still within ``AUTH_CACHE_S`` of its verification).
+        """
+        now = time.time()
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
-                return None
-            if entry[0] <= time.time():
+                return None, False
+            if entry[0] <= now:
                 del self._entries[key]
-                return None
+                return None, False
             self._entries.move_to_end(key)
-            return entry[1]
+            return entry[1], entry[0] - now < conf.get().AUTH_CACHE_S * REFRESH_AHEAD
+
+    def drop(self, key: bytes) -> None:
+        """Forget ``key``'s entry (its credential was refused when verified again)."""
+        with self._lock:
+            self._entries.pop(key, None)
 
     def put(self, key: bytes, ctx: AuthContext) -> None:
         """Remember ``ctx`` for ``AUTH_CACHE_S``, never past its credential's expiry."""

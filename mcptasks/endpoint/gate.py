@@ -20,7 +20,7 @@ from mcptasks.protocol import jsonrpc, versions
 from mcptasks.protocol.errors import INVALID_REQUEST, McpError, payload_too_large
 from tenants import conf as tenant_conf
 from tenants import jwt_issuers
-from tenants.auth import AuthContext, AuthError, authenticate, cached_context, remember
+from tenants.auth import AuthContext, AuthError, authenticate, cached_context_due, forget, remember
 from tenants.conf import tenant_resource
 from tenants.infra.coalesce import SingleFlight
 
@@ -189,22 +189,36 @@ class Gate:
         qs = self.scope.get("query_string", b"").decode("latin-1")
         headers, resource_url = self.headers(), self.resource_url()
         # A token verified in the last AUTH_CACHE_S costs no database hop (tenants.auth_cache).
-        key, ctx = cached_context(headers=headers, query_string=qs, resource_url=resource_url)
+        key, ctx, due = cached_context_due(headers=headers, query_string=qs, resource_url=resource_url)
+        scheme, _, token = self.header("authorization").strip().partition(" ")
+        bearer = token.strip() if scheme.lower() == "bearer" else ""
+
+        async def verify() -> AuthContext:
+            if bearer:
+                # External JWTs: fetch signing keys here, off the shared database thread, so a
+                # slow identity provider delays only its own tokens.
+                await jwt_issuers.aprefetch(bearer)
+            try:
+                found: AuthContext = await database_sync_to_async(authenticate)(
+                    headers=headers, query_string=qs, resource_url=resource_url)
+            except AuthError:
+                if key is not None:
+                    forget(key)  # verified again in the background and refused: refused from now on
+                raise
+            remember(key, found)
+            return found
+
         if ctx is not None:
+            if due and key is not None:
+                # Verified again in the background before the verdict lapses; requests go on
+                # with it meanwhile (it is still within AUTH_CACHE_S of its verification).
+                _verifications.start(key, verify)
             if observability.logs.JSON_LOGS:
                 observability.bind_log(tenant=ctx.tenant_slug)
             return ctx
-        scheme, _, token = self.header("authorization").strip().partition(" ")
-        if scheme.lower() == "bearer" and token:
-            # External JWTs: fetch signing keys here, off the shared database thread, so a
-            # slow identity provider delays only its own tokens.
-            await jwt_issuers.aprefetch(token.strip())
         try:
             # Requests presenting the same credential while it is being verified share the
             # verification (when a cached verdict lapses, every request in flight misses at once).
-            def verify() -> Any:
-                return database_sync_to_async(authenticate)(headers=headers, query_string=qs, resource_url=resource_url)
-
             ctx = await (verify() if key is None else _verifications.run(key, verify))
         except AuthError as exc:
             if token:
@@ -214,7 +228,6 @@ class Gate:
                     path=self.scope.get("path", ""), tenant_slug=self.tenant_slug(),
                 )
             raise
-        remember(key, ctx)
         if observability.logs.JSON_LOGS:
             observability.bind_log(tenant=ctx.tenant_slug)
         return ctx

@@ -117,3 +117,17 @@ def test_a_request_with_a_query_string_is_never_answered_from_the_cache(tenant: 
     _verify(token, resource_url)
     key, ctx = cached_context(headers=_headers(token), query_string=f"access_token={token}", resource_url=resource_url)
     assert key is None and ctx is None
+
+
+def test_an_entry_is_due_in_the_last_quarter(tenant: Tenant, resource_url: str, settings: Any,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    settings.TENANTS = {**settings.TENANTS, "AUTH_CACHE_S": 1.0}
+    token = issue_token(tenant=tenant, principal_name="robot", resource=resource_url)
+    with frozen_clock(monkeypatch, auth_cache) as clock:
+        ctx = _verify(token, resource_url)
+        key = cache.key(authorization=f"Bearer {token}", resource_url=resource_url)
+        assert cache.get_due(key) == (ctx, False)
+        clock.advance(0.8)
+        assert cache.get_due(key) == (ctx, True)
+        cache.drop(key)
+        assert cache.get_due(key) == (None, False)

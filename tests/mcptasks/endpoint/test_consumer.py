@@ -370,6 +370,59 @@ async def test_concurrent_requests_share_one_verification_and_one_limits_read(mo
     assert calls["authenticate"] == 2
 
 
+async def test_a_verdict_is_verified_again_in_the_background_before_it_lapses(
+    monkeypatch: Any, settings: Any
+) -> None:
+    """In the last quarter of a cached verdict's AUTH_CACHE_S, requests go on with it while one
+    verification runs (issue 27: once it lapsed, every request in flight with that credential
+    waited); a credential revoked meanwhile is refused from the moment that verification ends."""
+    import datetime
+    import time as _time
+
+    from django.utils import timezone
+    from oauth2_provider.models import get_access_token_model
+
+    from mcptasks.endpoint import gate
+    from tenants import services as tenant_services
+    from tenants.auth_cache import cache
+    from tests.support.factories import make_tenant
+
+    settings.TENANTS = {**settings.TENANTS, "AUTH_CACHE_S": 60.0}
+    tenant = await sync_to_async(make_tenant)()
+    token = await sync_to_async(tenant_services.issue_token)(
+        tenant=tenant, principal_name="ahead", scopes=["mcp:tools", "mcp:tasks"]
+    )
+    headers = [*BASE_HEADERS, (b"authorization", f"Bearer {token}".encode())]
+    release, calls = asyncio.Event(), []
+
+    async def held(token: str) -> None:
+        # Held on the event loop (a slow identity provider), not on the shared database thread.
+        calls.append(1)
+        await release.wait()
+
+    cache.clear()
+    assert (await post(INIT, headers))["status"] == 200
+    monkeypatch.setattr(gate.jwt_issuers, "aprefetch", held)
+    [(key, (_, ctx))] = list(cache._entries.items())
+    cache._entries[key] = (_time.time() + 10.0, ctx)  # the last quarter of its 60 s
+    # Expired by another process (a queryset update sends no signal to clear this one's cache).
+    expired = timezone.now() - datetime.timedelta(seconds=1)
+    await sync_to_async(get_access_token_model().objects.all().update)(expires=expired)
+    try:
+        # The verdict still holds: three requests answered while the verification is held.
+        responses = await asyncio.wait_for(asyncio.gather(*(post(INIT, headers) for _ in range(3))), 5)
+        assert [r["status"] for r in responses] == [200] * 3
+        assert len(calls) == 1
+    finally:
+        release.set()
+    for _ in range(200):
+        if cache.get(key) is None:
+            break
+        await asyncio.sleep(0.01)
+    assert cache.get(key) is None
+    assert (await post(INIT, headers))["status"] == 401
+
+
 async def _read_sse_until(comm: HttpCommunicator, done: Any, within_s: float) -> tuple[str, bool]:
     """Read a streaming response's body until ``done(text)`` or its end; (text, whether it ended)."""
     text = ""
