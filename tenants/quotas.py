@@ -143,13 +143,24 @@ def one_statement_uncounted_sql(*, tenant: str, principal: str, fallback: str) -
     return _config_cte(tenant=tenant, fallback=fallback, also=f"CAST({principal} AS BIGINT) AS principal"), _UNCOUNTED
 
 
+def uncounted_rows_sql(*, rows: str, tenant: str, fallback: str) -> str:
+    """A query of the rows of ``rows`` (a CTE of the caller's statement) whose tenant has no limit
+    at all, read without a lock: :func:`one_statement_uncounted_sql`'s condition for many
+    creations in one statement. ``tenant`` and ``fallback`` name columns of ``rows`` (the tenant
+    id and :func:`default_tenant_limit`); a row of an unknown tenant is left out too."""
+    # Identifiers come from the models' metadata and the caller's constants.
+    return (f"SELECT r.* FROM {rows} r JOIN {_table(Tenant)} t ON t.id = r.{tenant} "  # noqa: S608
+            f"WHERE {_limit_sql(f'r.{fallback}', table='t.')} IS NULL AND t.max_concurrent_tasks_per_principal IS NULL")
+
+
 #: The condition, over ``quota_cfg``, that the tenant has no limit at all.
 _UNCOUNTED = "EXISTS (SELECT 1 FROM quota_cfg WHERE tl IS NULL AND pl IS NULL)"
 
 
-def _limit_sql(fallback: str) -> str:
-    """The tenant's concurrency limit, its own or the default (``fallback``'s placeholder)."""
-    return f"COALESCE(max_concurrent_tasks, CAST({fallback} AS INTEGER))"
+def _limit_sql(fallback: str, *, table: str = "") -> str:
+    """The tenant's concurrency limit, its own or the default (``fallback``'s placeholder); its
+    column qualified by ``table`` (``"t."``) when given."""
+    return f"COALESCE({table}max_concurrent_tasks, CAST({fallback} AS INTEGER))"
 
 
 def _config_cte(*, tenant: str, fallback: str, also: str = "") -> str:

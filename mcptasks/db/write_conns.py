@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from django.db import OperationalError
@@ -97,7 +97,8 @@ def _drop_pools_of_closed_loops() -> None:
             _pools.pop(loop, None)
 
 
-async def execute_grouped(sql: str, params: Sequence[Any], *, group: int | str | None) -> tuple[Any, ...] | None:
+async def execute_grouped(sql: str, params: Sequence[Any], *, group: int | str | None,
+                          many: Callable[[int], str] | None = None) -> tuple[Any, ...] | None:
     """:func:`execute`, sharing one transaction with the same ``group``'s concurrent statements.
 
     Statements of one group that arrive while that group's previous batch is in flight are sent
@@ -112,13 +113,18 @@ async def execute_grouped(sql: str, params: Sequence[Any], *, group: int | str |
     waiting for the client (it is sent with its final Sync), so no lock is held across a round
     trip to Python either.
 
+    ``many(n)``, when given, is one statement doing what ``n`` of ``sql`` do, taking their
+    parameters one after another and answering one row per statement that would have answered
+    one, led by that statement's 1-based place in the batch (the others answer None): a batch
+    is then that one statement instead of a pipeline of ``n``.
+
     Same results and exceptions as :func:`execute`. A lock or statement timeout fails the whole
     batch alike (nothing of it was written); any other refusal rolls the batch back and its
     statements are run again one by one, so each caller gets its own statement's answer.
     """
     batches = _grouped.get((sql, group))
     if batches is None:
-        batches = _grouped[(sql, group)] = Coalescer(lambda items: _run_batch(sql, items), max_batch=GROUP_MAX)
+        batches = _grouped[(sql, group)] = Coalescer(lambda items: _run_batch(sql, items, many), max_batch=GROUP_MAX)
     outcome = await batches.call(list(params))
     if isinstance(outcome, BaseException):
         raise outcome
@@ -131,8 +137,9 @@ GROUP_MAX = 32
 _grouped: dict[tuple[str, int | str | None], Coalescer[list[Any], Any]] = {}
 
 
-async def _run_batch(sql: str, items: Sequence[list[Any]]) -> list[Any]:
-    """One pipelined transaction of ``items`` (each the parameters of ``sql``): their first rows."""
+async def _run_batch(sql: str, items: Sequence[list[Any]], many: Callable[[int], str] | None = None) -> list[Any]:
+    """One transaction of ``items`` (each the parameters of ``sql``), pipelined or as ``many``'s
+    one statement: their first rows."""
     import psycopg
     from psycopg import AsyncRawCursor
 
@@ -141,6 +148,13 @@ async def _run_batch(sql: str, items: Sequence[list[Any]]) -> list[Any]:
     async with _write_connection() as conn:
         cursors = []
         try:
+            if many is not None:
+                cur = AsyncRawCursor(conn)
+                await cur.execute(many(len(items)), [p for params in items for p in params], prepare=True)
+                answered: list[Any] = [None] * len(items)
+                for row in await cur.fetchall():
+                    answered[row[0] - 1] = tuple(row[1:])
+                return answered
             async with conn.pipeline():
                 for params in items:
                     cur = AsyncRawCursor(conn)

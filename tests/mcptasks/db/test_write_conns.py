@@ -142,6 +142,55 @@ def test_a_retried_key_in_a_shared_batch_rolls_back_no_other_tenants_creations()
     assert len(xmins) == 20 and len(set(xmins)) < 5, xmins  # still batched, not re-run one by one
 
 
+def test_a_shared_batch_is_one_statement_with_every_audit_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Uncounted creations batched together are one multi-row statement, not a pipeline of one
+    statement each; every task gets its own audit event, in the order the tasks were made."""
+    from mcptasks.models import AuditEvent
+
+    sizes: list[int] = []
+    real = write_conns._run_batch
+
+    async def counted(sql: str, items: Any, many: Any = None) -> Any:
+        if many is not None and len(items) > 1:
+            sizes.append(len(items))
+        return await real(sql, items, many)
+
+    monkeypatch.setattr(write_conns, "_run_batch", counted)
+    one, other = make_auth(), make_auth()
+    tasks = _create_many([one, other], 16)
+    assert len({t.task_id for t in tasks}) == 32
+    assert sizes and max(sizes) > 1 and sum(sizes) >= 16, sizes
+    stored = {t.task_id: t.pk for t in Task.objects.filter(tenant_id__in=[one.tenant_id, other.tenant_id])}
+    assert {t.task_id: t.pk for t in tasks} == stored
+    events = list(AuditEvent.objects.filter(action="task.create", task_id__in=list(stored)).order_by("pk"))
+    assert sorted(e.task_id for e in events) == sorted(stored)
+    assert [stored[e.task_id] for e in events] == sorted(stored.values())  # the tasks' order
+    for e in events:
+        task = next(t for t in tasks if t.task_id == e.task_id)
+        assert (e.tenant_id, e.principal_id, e.chain) == (task.tenant_id, task.principal_id, task.tenant_id)
+
+
+def test_one_key_twice_in_one_batch_makes_one_task() -> None:
+    """Two creations with the same idempotency key in one shared statement: the second row is
+    left out (ON CONFLICT DO NOTHING holds within a statement too) and answered with the first."""
+    from mcptasks.models import AuditEvent
+
+    auth = make_auth()
+    session = make_session(auth)
+    effective_limits(tenant_id=auth.tenant_id)
+
+    async def race() -> list[Task]:
+        return list(await asyncio.gather(*(
+            creation.acreate_task(auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1},
+                                  request_id=i, progress_token=None, idempotency_key="twice" if i < 2 else None)
+            for i in range(8))))
+
+    tasks = run_closing(race)
+    assert tasks[0].task_id == tasks[1].task_id
+    assert Task.objects.filter(tenant_id=auth.tenant_id).count() == 7
+    assert AuditEvent.objects.filter(task_id=tasks[0].task_id, action="task.create").count() == 1
+
+
 def _probe_rows() -> list[int]:
     with connection.cursor() as cur:
         cur.execute(f"SELECT v FROM {PROBE} ORDER BY v")
