@@ -34,7 +34,17 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.e2e_load import TERMINAL, AutovacuumStandIn, _pct, _start_service, server_autovacuum, start_peer  # noqa: E402
+from bench.e2e_load import (  # noqa: E402
+    TERMINAL,
+    TICK,
+    AutovacuumStandIn,
+    _cpu_ticks,
+    _pct,
+    _pg_backends,
+    _start_service,
+    server_autovacuum,
+    start_peer,
+)
 from bench.loadclient import CLIENTS, make_client, open_session  # noqa: E402
 from tests.support.servers import PRODUCTION_SERVER, WEB_SERVERS  # noqa: E402
 
@@ -146,7 +156,7 @@ def main() -> None:
     args = parser.parse_args()
     if not os.environ.get("DATABASE_URL", "").startswith("postgres") or not os.environ.get("REDIS_URL"):
         sys.exit("set DATABASE_URL (PostgreSQL) and REDIS_URL")
-    stack, token, urls, _pids = _start_service(REPO, args.concurrency, args.server)
+    stack, token, urls, pids = _start_service(REPO, args.concurrency, args.server)
     dsn = stack.env["DATABASE_URL"]
     standin = AutovacuumStandIn([dsn], args.autovacuum) if args.autovacuum > 0 else None
     spread = [token]
@@ -178,11 +188,18 @@ def main() -> None:
                     waited = drain(dsn)
                     if waited >= 1:
                         print(f"  (waited {waited:.0f} s for the service's backlog to drain)", flush=True)
+                roles = {**pids, "postgres": _pg_backends(dsn)} if name != "peer" else {}
+                ticks = _cpu_ticks([pid for group in roles.values() for pid in group])
                 n, lat, failed = level(target, toks, clients, args.seconds, args.procs, args.client)
+                after = _cpu_ticks(list(ticks))
                 load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+                # Over the whole target (its clients' set-up included): to compare targets, not absolute.
+                cpu = ", ".join(f"{role} {sum(after.get(p, 0) - ticks.get(p, 0) for p in group) / TICK * 1000 / n:.2f}"
+                                for role, group in roles.items()) if n else ""
                 print(f"  {clients:3d} clients  {name:<8} {n / args.seconds:7.1f} creations/s | "
                       f"p50 {statistics.median(lat) if lat else float('nan'):6.1f} ms | "
-                      f"p99 {_pct(lat, 0.99):6.1f} ms | {failed} failures | load {load}", flush=True)
+                      f"p99 {_pct(lat, 0.99):6.1f} ms | {failed} failures | load {load}"
+                      + (f" | CPU ms/creation: {cpu}" if cpu else ""), flush=True)
                 before = runs.get(name, (0, [], 0))
                 runs[name] = (before[0] + n, before[1] + lat, before[2] + failed)
             for name, (n, lat, _failed) in runs.items():
