@@ -71,7 +71,10 @@ class AiohttpClient:
         import aiohttp
 
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=connections, ttl_dns_cache=None),
+            # Idle connections are dropped before uvicorn's 5 s keep-alive timeout: a POST on one the
+            # server was closing failed ("Server disconnected"), once or twice a run of create_load,
+            # whose clients wait 6 s between opening their sessions and the start.
+            connector=aiohttp.TCPConnector(limit=connections, ttl_dns_cache=None, keepalive_timeout=4),
             timeout=aiohttp.ClientTimeout(total=60))
 
     async def post(self, url: str, headers: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
