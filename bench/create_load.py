@@ -182,7 +182,7 @@ def main() -> None:
               flush=True)
         for clients in (int(x) for x in args.levels.split(",")):
             got = {}
-            runs: dict[str, tuple[int, list[float], int]] = {}
+            runs: dict[str, tuple[int, list[float]]] = {}
             for name, target, toks in targets:
                 if name != "peer":
                     waited = drain(dsn)
@@ -200,9 +200,9 @@ def main() -> None:
                       f"p50 {statistics.median(lat) if lat else float('nan'):6.1f} ms | "
                       f"p99 {_pct(lat, 0.99):6.1f} ms | {failed} failures | load {load}"
                       + (f" | CPU ms/creation: {cpu}" if cpu else ""), flush=True)
-                before = runs.get(name, (0, [], 0))
-                runs[name] = (before[0] + n, before[1] + lat, before[2] + failed)
-            for name, (n, lat, _failed) in runs.items():
+                before = runs.get(name, (0, []))
+                runs[name] = (before[0] + n, before[1] + lat)
+            for name, (n, lat) in runs.items():
                 times = sum(1 for t in targets if t[0] == name)
                 got[name] = (n / (args.seconds * times), statistics.median(lat) if lat else float("nan"),
                              _pct(lat, 0.99))

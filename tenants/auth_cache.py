@@ -23,9 +23,7 @@ from typing import Any
 
 from tenants import conf
 from tenants.context import AuthContext
-
-#: A verdict is verified again ahead of its lapse once this share of ``AUTH_CACHE_S`` is left.
-REFRESH_AHEAD = 0.25
+from tenants.infra.coalesce import refresh_due
 
 
 class AuthCache:
@@ -46,7 +44,7 @@ class AuthCache:
 
     def get_due(self, key: bytes) -> tuple[AuthContext | None, bool]:
         """The cached context for ``key`` if it is still valid, and whether it is due to be
-        verified again ahead of its lapse (the last :data:`REFRESH_AHEAD` of ``AUTH_CACHE_S``).
+        verified again ahead of its lapse (:func:`tenants.infra.coalesce.refresh_due`).
 
         Issue 27: when a verdict lapsed, every request in flight with that credential waited for
         the one that verified it again; a process serving 20 tenants' tokens lapsed 20 times as
@@ -62,7 +60,7 @@ class AuthCache:
                 del self._entries[key]
                 return None, False
             self._entries.move_to_end(key)
-            return entry[1], entry[0] - now < conf.get().AUTH_CACHE_S * REFRESH_AHEAD
+            return entry[1], refresh_due(left_s=entry[0] - now, ttl_s=conf.get().AUTH_CACHE_S)
 
     def drop(self, key: bytes) -> None:
         """Forget ``key``'s entry (its credential was refused when verified again)."""

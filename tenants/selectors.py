@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from tenants import conf
 from tenants import conf as tenant_conf
+from tenants.infra.coalesce import refresh_due
 from tenants.models import POLL_INTERVAL_MS_LIMIT, TTL_MS_LIMIT, Tenant
 
 _LIMIT_FIELDS = (
@@ -63,10 +64,6 @@ def cached_tenant_row(*, tenant_id: int) -> TenantRow | None:
     return usable[0] if usable is not None else None
 
 
-#: A cached row is re-read ahead of its lapse once this share of ``LIMITS_CACHE_S`` is left.
-REFRESH_AHEAD = 0.25
-
-
 def usable_tenant_row(*, tenant_id: int) -> tuple[TenantRow, bool] | None:
     """The tenant's limits if this process read them less than ``LIMITS_CACHE_S`` ago, and
     whether they are due to be re-read ahead of their lapse (no I/O); None when they lapsed.
@@ -85,7 +82,7 @@ def usable_tenant_row(*, tenant_id: int) -> tuple[TenantRow, bool] | None:
     left = fresh_until - time.monotonic()
     if left <= 0:
         return None
-    return row, left < conf.get().LIMITS_CACHE_S * REFRESH_AHEAD
+    return row, refresh_due(left_s=left, ttl_s=conf.get().LIMITS_CACHE_S)
 
 
 def remember_tenant_row(*, tenant_id: int, row: TenantRow, read_at: float) -> None:

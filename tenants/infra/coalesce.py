@@ -96,6 +96,17 @@ class Coalescer(Generic[T, R]):
 K = TypeVar("K")
 
 
+#: A cached verdict is re-read ahead of its lapse once this share of its time to live is left.
+REFRESH_AHEAD = 0.25
+
+
+def refresh_due(*, left_s: float, ttl_s: float) -> bool:
+    """Whether a cached value with ``left_s`` of its ``ttl_s`` left is due to be read again in
+    the background (:meth:`SingleFlight.start`) while callers go on with it: when it lapsed
+    instead, every request in flight that needed it waited for the one that read it again."""
+    return left_s < ttl_s * REFRESH_AHEAD
+
+
 class SingleFlight(Generic[K, R]):
     """Concurrent calls for the same key share one run, per event loop (no result is kept after).
 
