@@ -37,8 +37,8 @@ def acquire_task_slot(*, tenant_id: int, principal_id: int) -> None:
     increments (under the row lock), so admin edits apply immediately.
 
     A tenant with no limit at all (none of its own, ``MCPTASKS_TASK_MAX_CONCURRENT`` 0, no
-    per-principal limit) is not counted: its creations change no counter and lock no row, so
-    they never wait for each other. See :func:`count_when_limited` for a limit added later.
+    per-principal limit) is not counted: its creations change no counter and lock no counter row,
+    so they never wait for each other. See :func:`count_when_limited` for a limit added later.
 
     On PostgreSQL one statement reads the limits and increments both counters (tenant row first,
     the order :func:`release_task_slots` locks in, so the two never deadlock); the caller creates
@@ -136,21 +136,40 @@ def one_statement_slot_sql(*, tenant: str, principal: str, fallback: str) -> tup
 
 def one_statement_uncounted_sql(*, tenant: str, principal: str, fallback: str) -> tuple[str, str]:
     """The CTE and condition of :func:`one_statement_slot_sql` for a tenant believed uncounted:
-    no slot is taken and no row is locked; the condition holds only while the tenant really has
-    no limit (one set since it was read makes the caller's statement write nothing, and the
+    no slot is taken and no counter is written; the condition holds only while the tenant really
+    has no limit (one set since it was read makes the caller's statement write nothing, and the
     caller then takes :func:`acquire_task_slot`'s path). ``principal`` is bound as in the
-    counted statement, so both take the same parameters."""
-    return _config_cte(tenant=tenant, fallback=fallback, also=f"CAST({principal} AS BIGINT) AS principal"), _UNCOUNTED
+    counted statement, so both take the same parameters.
+
+    The condition also fails, at once, while the tenant's or the principal's row is held
+    ``FOR UPDATE`` elsewhere (:data:`_KEY_SHARE`)."""
+    return (f"quota_cfg AS (SELECT {_limit_sql(fallback, table='t.')} AS tl, "  # noqa: S608
+            f"t.max_concurrent_tasks_per_principal AS pl FROM {_table(Tenant)} t "
+            f"JOIN {_table(Principal)} p ON p.id = CAST({principal} AS BIGINT) "
+            f"WHERE t.id = {tenant} {_KEY_SHARE})"), _UNCOUNTED
 
 
-def uncounted_rows_sql(*, rows: str, tenant: str, fallback: str) -> str:
+def uncounted_rows_sql(*, rows: str, tenant: str, principal: str, fallback: str) -> str:
     """A query of the rows of ``rows`` (a CTE of the caller's statement) whose tenant has no limit
-    at all, read without a lock: :func:`one_statement_uncounted_sql`'s condition for many
-    creations in one statement. ``tenant`` and ``fallback`` name columns of ``rows`` (the tenant
-    id and :func:`default_tenant_limit`); a row of an unknown tenant is left out too."""
+    at all: :func:`one_statement_uncounted_sql`'s condition for many creations in one statement.
+    ``tenant``, ``principal`` and ``fallback`` name columns of ``rows`` (the tenant id, the
+    principal id and :func:`default_tenant_limit`); a row of an unknown tenant or principal, or
+    of one whose row is held ``FOR UPDATE`` elsewhere (:data:`_KEY_SHARE`), is left out too."""
     # Identifiers come from the models' metadata and the caller's constants.
     return (f"SELECT r.* FROM {rows} r JOIN {_table(Tenant)} t ON t.id = r.{tenant} "  # noqa: S608
-            f"WHERE {_limit_sql(f'r.{fallback}', table='t.')} IS NULL AND t.max_concurrent_tasks_per_principal IS NULL")
+            f"JOIN {_table(Principal)} p ON p.id = r.{principal} "
+            f"WHERE {_limit_sql(f'r.{fallback}', table='t.')} IS NULL AND t.max_concurrent_tasks_per_principal IS NULL "
+            f"{_KEY_SHARE}")
+
+
+#: How an uncounted creation reads its tenant's and principal's rows. The task's foreign keys
+#: take this lock anyway (when the insert is checked), and it waits for a row held ``FOR UPDATE``
+#: (a recount, a session's principal check, a host lost inside such a transaction) for up to
+#: ``DB_LOCK_TIMEOUT_MS``. Creations of every uncounted tenant share one statement per batch, so
+#: that wait was every tenant's (a 503 for another tenant's creation, CI on issue 27). Taken
+#: first and ``SKIP LOCKED``, such a row leaves only its own creation out: its caller's ORM path
+#: waits, in its own transaction. A counter update (``FOR NO KEY UPDATE``) does not conflict.
+_KEY_SHARE = "FOR KEY SHARE OF t, p SKIP LOCKED"
 
 
 #: The condition, over ``quota_cfg``, that the tenant has no limit at all.
@@ -163,11 +182,10 @@ def _limit_sql(fallback: str, *, table: str = "") -> str:
     return f"COALESCE({table}max_concurrent_tasks, CAST({fallback} AS INTEGER))"
 
 
-def _config_cte(*, tenant: str, fallback: str, also: str = "") -> str:
-    """``quota_cfg``: the tenant's limits (``tl``, ``pl``), read without a lock, and ``also``."""
-    extra = f", {also}" if also else ""
+def _config_cte(*, tenant: str, fallback: str) -> str:
+    """``quota_cfg``: the tenant's limits (``tl``, ``pl``), read without a lock."""
     return (f"quota_cfg AS (SELECT {_limit_sql(fallback)} AS tl, "  # noqa: S608
-            f"max_concurrent_tasks_per_principal AS pl{extra} FROM {_table(Tenant)} WHERE id = {tenant})")
+            f"max_concurrent_tasks_per_principal AS pl FROM {_table(Tenant)} WHERE id = {tenant})")
 
 
 def one_statement_release_sql(*, released: str, fallback: str) -> str:

@@ -108,7 +108,7 @@ async def execute_grouped(sql: str, params: Sequence[Any], *, group: int | str |
 
     ``group`` must name the only row a statement may lock (a counted tenant's creation: its
     tenant), so a batch's transaction holds no lock but that one row and two batches can never
-    wait on each other in a cycle; statements that lock nothing may share any group (see
+    wait on each other in a cycle; statements that never wait for a lock may share any group (see
     :func:`mcptasks.models.creationsql.insert_task`). The server runs the whole batch without
     waiting for the client (it is sent with its final Sync), so no lock is held across a round
     trip to Python either.

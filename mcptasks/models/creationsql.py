@@ -4,7 +4,7 @@ The quota slot (:func:`tenants.quotas.one_statement_slot_sql`), the task row and
 ``task.create`` audit event are data-modifying CTEs of one statement, run in autocommit over
 :mod:`mcptasks.db.write_conns`: either all three are written or none. A limited tenant's row is
 locked only while the server runs the statement, never across a round trip to Python, and a
-tenant without limits locks nothing (issue 27: the ORM's transaction was five round trips plus
+tenant without limits writes no counter (issue 27: the ORM's transaction was five round trips plus
 a health check on a write thread).
 """
 
@@ -32,10 +32,12 @@ def _build(*, counted: bool) -> tuple[str, list[Field[Any, Any]], list[Field[Any
     it binds (in order), and the connection wrapper that adapts those values.
 
     The counted statement takes the quota slot (locking the tenant's row while it runs). The
-    uncounted one takes none, locks no row, and inserts only while the tenant still has no
-    limit; its insert does nothing on a unique conflict (a retried idempotency key), so nothing
-    a client sends makes it fail and roll back the other creations of its shared batch
-    (:func:`insert_task`). Both answer "not created" for what they do not decide.
+    uncounted one takes none and writes no counter; it inserts only while the tenant still has
+    no limit and while neither its row nor the principal's is held ``FOR UPDATE`` elsewhere
+    (:func:`tenants.quotas.one_statement_uncounted_sql`); its insert does nothing on a unique
+    conflict (a retried idempotency key), so nothing a client sends makes it fail and roll back
+    the other creations of its shared batch (:func:`insert_task`). Both answer "not created"
+    for what they do not decide.
 
     The wrapper is kept: adapting a value reads only the backend's operations, which every
     wrapper of the alias shares, while ``connections["default"]`` looks one up in an
@@ -120,9 +122,10 @@ def _build_many(n: int) -> str:
         task_cols = ", ".join(quote(str(f.column)) for f in task_fields)
         audit_cols = ", ".join(quote(str(f.column)) for f in audit_fields)
         # Identifiers come from the models' metadata; every value is a bound parameter.
+        ok = quotas.uncounted_rows_sql(rows="v", tenant="tenant_", principal="principal_", fallback="fallback_")
         found = _many[n] = (
             f"WITH v (ord_, {', '.join(names)}) AS (VALUES {rows}), "  # noqa: S608
-            f"ok AS ({quotas.uncounted_rows_sql(rows='v', tenant='tenant_', fallback='fallback_')}), "
+            f"ok AS ({ok}), "
             f"created AS (INSERT INTO {quote(Task._meta.db_table)} ({task_cols}) "
             f"SELECT {', '.join(task_names)} FROM ok ORDER BY ord_ ON CONFLICT DO NOTHING "
             f"RETURNING {pk}, {task_id_col}), "
@@ -151,9 +154,11 @@ async def insert_task(*, task: Task, audit_data: dict[str, Any], fallback_limit:
     slot, so a batch locks one row and a tenant whose row is held (a frozen lock holder, the
     lock timeout) holds up none but itself. Uncounted tenants' all together (issue 27: grouped
     by tenant, 20 tenants made 0.58x the creations of one): their statement takes no slot and
-    locks no row, writes nothing if a limit was set since the caller read the tenant (the
-    caller's ORM path then decides), and a retried idempotency key makes it write nothing
-    rather than fail, so one tenant's requests cannot roll back another's creations.
+    writes no counter, writes nothing if a limit was set since the caller read the tenant (the
+    caller's ORM path then decides) or if the tenant's or principal's row is held ``FOR UPDATE``
+    (which its foreign keys would wait for, holding up the whole batch), and a retried
+    idempotency key makes it write nothing rather than fail, so one tenant's requests cannot
+    roll back another's creations.
 
     False when the statement made no decision it may make alone: the tenant is unknown, full,
     or has a per-principal limit (nothing was written; the caller asks the ORM path, which

@@ -8,6 +8,7 @@ run again alone, so each caller gets its own answer and nothing is written twice
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -189,6 +190,37 @@ def test_one_key_twice_in_one_batch_makes_one_task() -> None:
     assert tasks[0].task_id == tasks[1].task_id
     assert Task.objects.filter(tenant_id=auth.tenant_id).count() == 7
     assert AuditEvent.objects.filter(task_id=tasks[0].task_id, action="task.create").count() == 1
+
+
+def test_a_tenant_row_held_for_update_holds_up_no_other_tenants_creations() -> None:
+    """Uncounted tenants' creations share one statement per batch, and a task's foreign keys wait
+    for a row held FOR UPDATE: a host lost inside such a transaction made another tenant's
+    creation wait with it, then fail (503) at the lock timeout. The held tenant's creations now
+    leave the batch at once and wait alone, on the ORM path."""
+    held, free = make_auth(), make_auth()
+    sessions = {auth.tenant_id: make_session(auth) for auth in (held, free)}
+    for auth in (held, free):
+        effective_limits(tenant_id=auth.tenant_id)
+    done_while_held: list[bool] = []
+
+    async def create(auth: Any, i: int, released: threading.Event) -> Task:
+        task = await creation.acreate_task(auth=auth, session=sessions[auth.tenant_id], tool=demo_tool(),
+                                           arguments={"ms": 1}, request_id=i, progress_token=None)
+        if auth is free:
+            done_while_held.append(not released.is_set())
+        return task
+
+    with counter_rows_held(tenant_id=held.tenant_id, principal_id=held.principal_id, for_update=True,
+                           hold_s=3.0) as released:
+        async def race() -> list[Any]:
+            return list(await asyncio.gather(*(create(held, i, released) for i in range(4)),
+                                             *(create(free, i, released) for i in range(16)),
+                                             return_exceptions=True))
+
+        outcomes = run_closing(race)
+    assert all(isinstance(o, Task) for o in outcomes), outcomes  # the held tenant's once released
+    assert done_while_held == [True] * 16
+    assert len(_xmins(free.tenant_id)) == 16 and len(_xmins(held.tenant_id)) == 4
 
 
 def _probe_rows() -> list[int]:
