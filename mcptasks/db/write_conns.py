@@ -119,8 +119,10 @@ async def execute_grouped(sql: str, params: Sequence[Any], *, group: int | str |
     is then that one statement instead of a pipeline of ``n``.
 
     Same results and exceptions as :func:`execute`. A lock or statement timeout fails the whole
-    batch alike (nothing of it was written); any other refusal rolls the batch back and its
-    statements are run again one by one, so each caller gets its own statement's answer.
+    batch alike (nothing of it was written), except that a lock timeout of ``many``'s statement
+    runs each statement again alone (the group locks no row, so one caller's wait was not the
+    others'); any other refusal rolls the batch back and its statements are run again one by
+    one, so each caller gets its own statement's answer.
     """
     batches = _grouped.get((sql, group))
     if batches is None:
@@ -145,16 +147,24 @@ async def _run_batch(sql: str, items: Sequence[list[Any]], many: Callable[[int],
 
     if len(items) == 1:
         return [await _outcome(sql, items[0])]
+    if many is not None:
+        try:
+            return await _run_many(many, items)
+        except OperationalError as exc:
+            if not isinstance(exc.__cause__, psycopg.errors.LockNotAvailable):
+                raise
+        except psycopg.Error:  # refused (_write_connection maps timeouts and failed connections)
+            return [await _outcome(sql, params) for params in items]
+        # One row waited past the lock timeout, and the whole statement was rolled back. The
+        # statements of a group given ``many`` lock no row of their own group (see
+        # :func:`execute_grouped`), so the wait was one caller's: a row another transaction is
+        # inserting with the same unique values (a client retrying an idempotency key whose first
+        # attempt is still open on a host that vanished). Each alone, concurrently: that caller
+        # waits again and fails alone; the other tenants' creations are made.
+        return list(await asyncio.gather(*(_outcome(sql, params) for params in items)))
     async with _write_connection() as conn:
         cursors = []
         try:
-            if many is not None:
-                cur = AsyncRawCursor(conn)
-                await cur.execute(many(len(items)), [p for params in items for p in params], prepare=True)
-                answered: list[Any] = [None] * len(items)
-                for row in await cur.fetchall():
-                    answered[row[0] - 1] = tuple(row[1:])
-                return answered
             async with conn.pipeline():
                 for params in items:
                     cur = AsyncRawCursor(conn)
@@ -170,6 +180,19 @@ async def _run_batch(sql: str, items: Sequence[list[Any]], many: Callable[[int],
     if refused:
         return [await _outcome(sql, params) for params in items]
     return [tuple(row) if row is not None else None for row in rows]
+
+
+async def _run_many(many: Callable[[int], str], items: Sequence[list[Any]]) -> list[Any]:
+    """``items`` as ``many``'s one statement: a row (or None) per item."""
+    from psycopg import AsyncRawCursor
+
+    async with _write_connection() as conn:
+        cur = AsyncRawCursor(conn)
+        await cur.execute(many(len(items)), [p for params in items for p in params], prepare=True)
+        answered: list[Any] = [None] * len(items)
+        for row in await cur.fetchall():
+            answered[row[0] - 1] = tuple(row[1:])
+        return answered
 
 
 async def _outcome(sql: str, params: Sequence[Any]) -> Any:

@@ -223,6 +223,59 @@ def test_a_tenant_row_held_for_update_holds_up_no_other_tenants_creations() -> N
     assert len(_xmins(free.tenant_id)) == 16 and len(_xmins(held.tenant_id)) == 4
 
 
+def test_a_row_waiting_on_another_transactions_key_fails_only_its_own_creation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client retries an idempotency key while its first attempt's transaction is still open
+    (on a host that vanished, say): that row of the shared statement waits, and at the lock
+    timeout the whole statement is rolled back. Every other tenant's creation in it used to fail
+    with it (503); now each is made again alone and only the retry waits and fails."""
+    from django.db import connections, transaction
+    from django.db.models import F
+
+    retrier, other = make_auth(), make_auth()
+    sessions = {auth.tenant_id: make_session(auth) for auth in (retrier, other)}
+    for auth in (retrier, other):
+        effective_limits(tenant_id=auth.tenant_id)
+    real = async_sql.conninfo
+    monkeypatch.setattr(async_sql, "conninfo", lambda: {**real(), "options": "-c lock_timeout=300"})
+
+    def create(auth: Any, i: int, key: str | None) -> Any:
+        return creation.acreate_task(auth=auth, session=sessions[auth.tenant_id], tool=demo_tool(),
+                                     arguments={"ms": 1}, request_id=i, progress_token=None, idempotency_key=key)
+
+    first = run_closing(lambda: create(retrier, 0, "held-key"))
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # the first attempt's row, changed by a transaction that stays open
+        try:
+            with transaction.atomic():
+                Task.objects.filter(pk=first.pk).update(status=F("status"))
+                locked.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert locked.wait(10)
+
+        async def race() -> list[Any]:
+            # The first creation goes alone; the rest, the retry among them, share the next statement.
+            return list(await asyncio.gather(*(create(other, i, None) for i in range(8)),
+                                             create(retrier, 1, "held-key"),
+                                             *(create(other, i, None) for i in range(8, 16)), return_exceptions=True))
+
+        outcomes = run_closing(race)
+    finally:
+        release.set()
+        holder.join(30)
+    retried = outcomes.pop(8)
+    assert all(isinstance(o, Task) for o in outcomes), outcomes
+    assert len(_xmins(other.tenant_id)) == 16
+    assert isinstance(retried, OperationalError) or retried.task_id == first.task_id, retried
+    assert Task.objects.filter(tenant_id=retrier.tenant_id).count() == 1
+
+
 def _probe_rows() -> list[int]:
     with connection.cursor() as cur:
         cur.execute(f"SELECT v FROM {PROBE} ORDER BY v")
