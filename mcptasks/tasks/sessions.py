@@ -46,7 +46,9 @@ def open_session(
     cap = conf.get().MAX_SESSIONS_PER_PRINCIPAL
     with transaction.atomic():
         if cap > 0:
-            Principal.objects.select_for_update().filter(pk=auth.principal_id).exists()
+            # FOR NO KEY UPDATE: it serialises the principal's initializes as well, and the foreign key
+            # checks of the principal's task creations meanwhile (FOR KEY SHARE) need not wait for it.
+            Principal.objects.select_for_update(no_key=True).filter(pk=auth.principal_id).exists()
             held = live_sessions(principal_id=auth.principal_id, now=timezone.now()).count()
             if held >= cap:
                 raise QuotaExceeded(

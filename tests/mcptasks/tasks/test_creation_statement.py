@@ -179,6 +179,47 @@ def test_a_tenant_without_limits_is_created_while_its_row_is_locked(monkeypatch:
     assert tenant.active_tasks == 0 and _live(tenant.pk) == 20
 
 
+def test_an_initialize_in_progress_holds_up_none_of_the_principals_creations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opening a session locks the principal's row to count its sessions. FOR UPDATE, that lock
+    made the principal's creations meanwhile leave the shared statement (their foreign key check
+    would wait for it) and wait on the ORM path until the initialize committed."""
+    import threading
+
+    from mcptasks.tasks import sessions
+
+    auth = make_auth()
+    session = make_session(auth)
+    effective_limits(tenant_id=auth.tenant_id)
+    counting, release = threading.Event(), threading.Event()
+    real_live = sessions.live_sessions
+
+    def slow_live(**kwargs: Any) -> Any:
+        counting.set()
+        release.wait(10)  # the principal's row is locked meanwhile
+        return real_live(**kwargs)
+
+    monkeypatch.setattr(sessions, "live_sessions", slow_live)
+
+    def initialize() -> None:
+        try:
+            sessions.open_session(auth=auth, protocol_version="2025-11-25", client_info={}, capabilities={})
+        finally:
+            connections.close_all()
+
+    opener = threading.Thread(target=initialize)
+    opener.start()
+    try:
+        assert counting.wait(10)
+        orm = _OrmCalls(monkeypatch)
+        tasks = run_closing(lambda: asyncio.gather(*(_create(auth, session, i) for i in range(8))))
+        held_throughout = not release.is_set() and opener.is_alive()
+    finally:
+        release.set()
+        opener.join(30)
+    assert len({t.task_id for t in tasks}) == 8
+    assert held_throughout and orm.calls == 0
+
+
 def test_a_broken_connection_fails_an_unkeyed_creation_instead_of_repeating_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
