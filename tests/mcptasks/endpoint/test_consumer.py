@@ -98,6 +98,21 @@ async def test_malformed_input_gets_json_rpc_errors_never_500() -> None:
     assert bad["error"]["code"] == -32602
 
 
+async def test_a_whole_reply_declares_its_length_and_a_202_or_204_has_none() -> None:
+    """Without Content-Length the server sends the body as chunks, which the client must
+    reassemble: the load generator spent 0.9 ms of CPU per task on them, against the peer's 0.7."""
+    response = await post(INIT)
+    assert headers_of(response)["content-length"] == str(len(response["body"]))
+    headers = await initialize()
+    error = await post(None, headers, raw=b"{not json")
+    assert error["status"] == 400 and headers_of(error)["content-length"] == str(len(error["body"]))
+    accepted = await post({"jsonrpc": "2.0", "method": "notifications/initialized"}, headers)
+    assert accepted["status"] == 202 and headers_of(accepted)["content-length"] == "0"
+    comm = HttpCommunicator(router, "DELETE", "/mcp", headers=headers)
+    ended = await comm.get_response(timeout=10)
+    assert ended["status"] == 204 and "content-length" not in headers_of(ended)
+
+
 async def test_only_ping_comes_before_notifications_initialized() -> None:
     response = await post(INIT)
     sid = headers_of(response)["mcp-session-id"]
