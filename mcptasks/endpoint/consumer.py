@@ -287,8 +287,8 @@ class McpConsumer(AsyncHttpConsumer):
     async def _send_raw(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
         self.responded = True
         if status not in (204, 304):  # which carry no Content-Length (RFC 9110 8.6)
-            # Without it the server frames the body as chunks, which every client then has to
-            # reassemble (issue 27: the load generator's CPU per task, 0.9 ms against the peer's 0.7).
+            # Without it the server frames a whole reply as chunks: a client or proxy then learns
+            # the body's length only at its end (the SDK peer declares it too).
             headers = [*headers, (b"content-length", b"%d" % len(body))]
         await self.send_response(status, body, headers=[*headers, *self.gate.cors_headers])
 
