@@ -22,7 +22,7 @@ from tenants.selectors import clear_limits_cache, effective_limits
 from tests.support.async_db import run_closing
 from tests.support.factories import demo_tool, make_auth, make_session
 from tests.support.requirements import require_postgres
-from tests.support.row_locks import counter_rows_held
+from tests.support.row_locks import counter_rows_held, transaction_held
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -228,7 +228,6 @@ def test_a_row_waiting_on_another_transactions_key_fails_only_its_own_creation(m
     (on a host that vanished, say): that row of the shared statement waits, and at the lock
     timeout the whole statement is rolled back. Every other tenant's creation in it used to fail
     with it (503); now each is made again alone and only the retry waits and fails."""
-    from django.db import connections, transaction
     from django.db.models import F
 
     retrier, other = make_auth(), make_auth()
@@ -243,32 +242,16 @@ def test_a_row_waiting_on_another_transactions_key_fails_only_its_own_creation(m
                                      arguments={"ms": 1}, request_id=i, progress_token=None, idempotency_key=key)
 
     first = run_closing(lambda: create(retrier, 0, "held-key"))
-    locked, release = threading.Event(), threading.Event()
 
-    def hold() -> None:  # the first attempt's row, changed by a transaction that stays open
-        try:
-            with transaction.atomic():
-                Task.objects.filter(pk=first.pk).update(status=F("status"))
-                locked.set()
-                release.wait(30)
-        finally:
-            connections.close_all()
+    async def race() -> list[Any]:
+        # The first creation goes alone; the rest, the retry among them, share the next statement.
+        return list(await asyncio.gather(*(create(other, i, None) for i in range(8)),
+                                         create(retrier, 1, "held-key"),
+                                         *(create(other, i, None) for i in range(8, 16)), return_exceptions=True))
 
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert locked.wait(10)
-
-        async def race() -> list[Any]:
-            # The first creation goes alone; the rest, the retry among them, share the next statement.
-            return list(await asyncio.gather(*(create(other, i, None) for i in range(8)),
-                                             create(retrier, 1, "held-key"),
-                                             *(create(other, i, None) for i in range(8, 16)), return_exceptions=True))
-
+    # The first attempt's row, changed by a transaction that stays open.
+    with transaction_held(lambda: Task.objects.filter(pk=first.pk).update(status=F("status"))):
         outcomes = run_closing(race)
-    finally:
-        release.set()
-        holder.join(30)
     retried = outcomes.pop(8)
     assert all(isinstance(o, Task) for o in outcomes), outcomes
     assert len(_xmins(other.tenant_id)) == 16

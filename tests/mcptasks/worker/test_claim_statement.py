@@ -7,12 +7,13 @@ import threading
 from typing import Any
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from mcptasks.models import Claimed, Task
 from tests.support.factories import make_auth, make_session, task_row
+from tests.support.row_locks import transaction_held
 
 pytestmark = pytest.mark.skipif(connection.vendor != "postgresql", reason="the single statement is PostgreSQL's")
 
@@ -208,30 +209,11 @@ def test_a_claim_says_whether_it_passed_over_rows(counted: bool) -> None:
     limited = {"one_at_a_time": 1} if counted else None
     if counted:  # a waiting task of a limited tool sends the claim down the counted path
         rows.append(task_row("one_at_a_time", auth=auth))
-    holding, release, errors = threading.Event(), threading.Event(), []
-
-    def holder() -> None:  # another claimer's transaction, holding the two oldest rows
-        try:
-            with transaction.atomic():
-                list(Task.objects.select_for_update().filter(pk__in=[r.pk for r in rows[:2]]))
-                holding.set()
-                release.wait(20)
-        except BaseException as exc:  # reported by the main thread
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=holder)
-    thread.start()
-    try:
-        assert holding.wait(20)
+    # Another claimer's transaction, holding the two oldest rows.
+    with transaction_held(lambda: list(Task.objects.select_for_update().filter(pk__in=[r.pk for r in rows[:2]]))):
         first = _claim("w1", 10, limited=limited)
         assert [t.task_id for t in first] == [r.task_id for r in rows[2:]]
         assert first.passed_over
-    finally:
-        release.set()
-        thread.join(20)
-    assert not errors, errors
     second = _claim("w1", 10, limited=limited)
     assert [t.task_id for t in second] == [r.task_id for r in rows[:2]]
     assert not second.passed_over
