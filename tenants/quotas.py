@@ -164,7 +164,7 @@ def uncounted_rows_sql(*, rows: str, tenant: str, principal: str, fallback: str)
 
 #: How an uncounted creation reads its tenant's and principal's rows. The task's foreign keys
 #: take this lock anyway (when the insert is checked), and it waits for a row held ``FOR UPDATE``
-#: (a recount, a session's principal check, a host lost inside such a transaction) for up to
+#: (a recount, a tenant's deletion, a host lost inside such a transaction) for up to
 #: ``DB_LOCK_TIMEOUT_MS``. Creations of every uncounted tenant share one statement per batch, so
 #: that wait was every tenant's (a 503 for another tenant's creation, CI on issue 27). Taken
 #: first and ``SKIP LOCKED``, such a row leaves only its own creation out: its caller's ORM path
