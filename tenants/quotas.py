@@ -143,10 +143,7 @@ def one_statement_uncounted_sql(*, tenant: str, principal: str, fallback: str) -
 
     The condition also fails, at once, while the tenant's or the principal's row is held
     ``FOR UPDATE`` elsewhere (:data:`_KEY_SHARE`)."""
-    return (f"quota_cfg AS (SELECT {_limit_sql(fallback, table='t.')} AS tl, "  # noqa: S608
-            f"t.max_concurrent_tasks_per_principal AS pl FROM {_table(Tenant)} t "
-            f"JOIN {_table(Principal)} p ON p.id = CAST({principal} AS BIGINT) "
-            f"WHERE t.id = {tenant} {_KEY_SHARE})"), _UNCOUNTED
+    return _config_cte(tenant=tenant, fallback=fallback, key_share_with=principal), _UNCOUNTED
 
 
 def uncounted_rows_sql(*, rows: str, tenant: str, principal: str, fallback: str) -> str:
@@ -182,10 +179,17 @@ def _limit_sql(fallback: str, *, table: str = "") -> str:
     return f"COALESCE({table}max_concurrent_tasks, CAST({fallback} AS INTEGER))"
 
 
-def _config_cte(*, tenant: str, fallback: str) -> str:
-    """``quota_cfg``: the tenant's limits (``tl``, ``pl``), read without a lock."""
-    return (f"quota_cfg AS (SELECT {_limit_sql(fallback)} AS tl, "  # noqa: S608
-            f"max_concurrent_tasks_per_principal AS pl FROM {_table(Tenant)} WHERE id = {tenant})")
+def _config_cte(*, tenant: str, fallback: str, key_share_with: str | None = None) -> str:
+    """``quota_cfg``: the tenant's limits (``tl``, ``pl``), read without a lock; with
+    ``key_share_with`` (a principal id's placeholder), read under :data:`_KEY_SHARE` on the
+    tenant's and that principal's rows instead (no row when either is held or missing)."""
+    rows = f"{_table(Tenant)} t"
+    lock = ""
+    if key_share_with is not None:
+        rows += f" JOIN {_table(Principal)} p ON p.id = CAST({key_share_with} AS BIGINT)"
+        lock = f" {_KEY_SHARE}"
+    return (f"quota_cfg AS (SELECT {_limit_sql(fallback, table='t.')} AS tl, "  # noqa: S608
+            f"t.max_concurrent_tasks_per_principal AS pl FROM {rows} WHERE t.id = {tenant}{lock})")
 
 
 def one_statement_release_sql(*, released: str, fallback: str) -> str:
