@@ -7,7 +7,7 @@ from typing import Any
 
 from django.db import models
 
-from mcptasks.models.status import TERMINAL, TaskStatus
+from mcptasks.models.status import LIVE, TERMINAL, TaskStatus
 from mcptasks.models.taskqueries import TaskQuerySet
 
 
@@ -85,6 +85,11 @@ class Task(models.Model):
         # updates are never HOT): plain b-trees only where a query needs one (issue 27).
         indexes = [
             models.Index(fields=["status", "lease_expires_at"], name="task_claim_idx"),
+            # The backlog (live, never leased) by tenant: a claim reads each busy tenant's oldest
+            # rows from it, not every waiting row (see claimsql). A claimed row's new version
+            # has a lease, so claims and finishes add nothing to it; a creation adds one entry.
+            models.Index(fields=["tenant", "seq"], name="task_backlog_idx",
+                         condition=models.Q(status__in=list(LIVE), lease_expires_at__isnull=True)),
             models.Index(fields=["tenant", "principal", "kind", "seq"], name="task_list_idx"),
             models.Index(fields=["session_id"], name="task_session_idx"),
             models.Index(fields=["tool_name"], name="task_tool_idx"),
