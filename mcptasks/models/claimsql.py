@@ -102,28 +102,33 @@ def _build(task: type[Task], *, probe: bool) -> str:
     backlog = f"b.{q('status')} IN ({live}) AND b.{q('lease_expires_at')} IS NULL"
     tenant = q("tenant_id")
 
-    def next_after(after: str) -> str:
-        """The first busy tenant after ``after`` (a parameter or a column): one index descent."""
-        return (f"(SELECT b.{tenant} FROM {table} b WHERE {backlog} AND b.{tenant} > {after} "  # noqa: S608
-                f"ORDER BY b.{tenant} LIMIT 1)")
+    def first_after(after: str) -> str:
+        """The first backlog row (tenant, seq) of the first busy tenant after ``after`` (a
+        parameter or a column), else, when the claim started past the ring's start, of the
+        first busy tenant: two index descents at most."""
+        after_it = (f"(SELECT b.{tenant}, b.{pk} FROM {table} b WHERE {backlog} AND b.{tenant} > {after} "  # noqa: S608
+                    f"ORDER BY b.{tenant}, b.{pk} LIMIT 1)")
+        wrapped = (f"(SELECT b.{tenant}, b.{pk} FROM {table} b WHERE {backlog} AND %(after)s::bigint > 0 "  # noqa: S608
+                   f"ORDER BY b.{tenant}, b.{pk} LIMIT 1)")
+        return f"(SELECT * FROM ({after_it} UNION ALL {wrapped}) f LIMIT 1)"  # noqa: S608
 
     # Only quoted names and our own constants are formatted in; every value is a parameter.
     sql = f"""
         WITH RECURSIVE
         held(tenant_id, n) AS (SELECT * FROM unnest(%(held_tenants)s::bigint[], %(held_runs)s::integer[])),
         waiting AS ({waiting}),
-        busy(tenant_id, n, first) AS (
-            -- The tenants with a backlog, one index descent each (a skip scan of the backlog
-            -- index), at most %(tenants)s of them, round the ring of tenant ids from the one after
-            -- %(after)s (where this process's previous claim stopped): a claim costs what those
-            -- tenants' first rows cost, not what the whole backlog does (issue 27: 11 ms a claim
-            -- behind 5,000 waiting rows of one tenant, 30 ms behind 20,000).
-            SELECT s.t, 1, s.t FROM (SELECT COALESCE({next_after("%(after)s")}, {next_after("0")}) AS t) s
-            WHERE s.t IS NOT NULL
+        busy(tenant_id, seq, n, first) AS (
+            -- The tenants with a backlog and each one's first backlog row, one index descent
+            -- each (a skip scan of the backlog index), at most %(tenants)s of them, round the ring
+            -- of tenant ids from the one after %(after)s (where this process's previous claim
+            -- stopped): a claim costs what those tenants' first rows cost, not what the whole
+            -- backlog does (issue 27: 11 ms a claim behind 5,000 waiting rows of one tenant, 30
+            -- ms behind 20,000).
+            SELECT s.tenant_id, s.seq, 1, s.tenant_id FROM {first_after("%(after)s")} AS s(tenant_id, seq)
             UNION ALL
-            SELECT s.t, busy.n + 1, busy.first FROM busy CROSS JOIN LATERAL (
-                SELECT COALESCE({next_after("busy.tenant_id")}, {next_after("0")}) AS t) s
-            WHERE busy.n < %(tenants)s AND s.t <> busy.first
+            SELECT s.tenant_id, s.seq, busy.n + 1, busy.first
+            FROM busy CROSS JOIN LATERAL {first_after("busy.tenant_id")} AS s(tenant_id, seq)
+            WHERE busy.n < %(tenants)s AND s.tenant_id <> busy.first
         ),
         picked AS MATERIALIZED (
             SELECT c.{pk} AS seq, c.{tenant} AS tenant_id,
@@ -136,12 +141,13 @@ def _build(task: type[Task], *, probe: bool) -> str:
                 -- A row's position is at least its turn within its tenant, so no tenant's rows
                 -- past the first %(ranked)s can be ranked in: each busy tenant gives that many.
                 SELECT u.{pk}, u.{tenant} FROM busy CROSS JOIN LATERAL (
-                    -- From the tenant's first row on, in the backlog index's order: only that
+                    -- From the tenant's first backlog row on (past the index entries of rows
+                    -- claimed since the last vacuum), in the backlog index's order: only that
                     -- index gives this order (with tenant_id = a constant, the planner may walk
                     -- the primary key through every older row of every tenant, or sort all of
-                    -- the tenant's rows). Rows of the next tenants are dropped below.
+                    -- the tenant's rows).
                     SELECT u.{pk}, u.{tenant} FROM {table} u
-                    WHERE (u.{tenant}, u.{pk}) > (busy.tenant_id, 0) AND u.{tenant} <= busy.tenant_id
+                    WHERE (u.{tenant}, u.{pk}) >= (busy.tenant_id, busy.seq) AND u.{tenant} <= busy.tenant_id
                           AND {claimable_sql("u", lease="unleased")}
                     ORDER BY u.{tenant}, u.{pk} LIMIT %(ranked)s
                 ) u
