@@ -20,19 +20,22 @@ class AddIndexOnline(AddIndex):
     atomic = False
 
     def database_forwards(self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any) -> None:
-        if schema_editor.connection.vendor != "postgresql":
+        if not self._online(app_label, schema_editor, to_state, "add_index"):
             super().database_forwards(app_label, schema_editor, from_state, to_state)
-            return
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            # IF NOT EXISTS-free on purpose: a build that failed half way leaves an INVALID index
-            # of this name, which the error then points the operator to (drop it, migrate again).
-            schema_editor.add_index(model, self.index, concurrently=True)
 
     def database_backwards(self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any) -> None:
-        if schema_editor.connection.vendor != "postgresql":
+        if not self._online(app_label, schema_editor, from_state, "remove_index"):
             super().database_backwards(app_label, schema_editor, from_state, to_state)
-            return
-        model = from_state.apps.get_model(app_label, self.model_name)
+
+    def _online(self, app_label: str, schema_editor: Any, state: Any, method: str) -> bool:
+        """Add or remove the index ``CONCURRENTLY`` on PostgreSQL (True); False elsewhere.
+
+        No ``IF NOT EXISTS``: a build that failed half way leaves an INVALID index of this name,
+        which the error then points the operator to (drop it, migrate again).
+        """
+        if schema_editor.connection.vendor != "postgresql":
+            return False
+        model = state.apps.get_model(app_label, self.model_name)
         if self.allow_migrate_model(schema_editor.connection.alias, model):
-            schema_editor.remove_index(model, self.index, concurrently=True)
+            getattr(schema_editor, method)(model, self.index, concurrently=True)
+        return True
