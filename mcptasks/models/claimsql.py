@@ -55,6 +55,9 @@ _ring = _Ring()
 
 _statements: dict[bool, str] = {}
 
+#: The live statuses as SQL literals (our own constants): index predicates are matched on literals.
+_LIVE_SQL = ", ".join(f"'{status}'" for status in LIVE)
+
 
 def claimable_sql(alias: str, *, lease: str = "any") -> str:
     """:meth:`TaskQuerySet.claimable <mcptasks.models.TaskQuerySet.claimable>` as SQL over the
@@ -63,14 +66,13 @@ def claimable_sql(alias: str, *, lease: str = "any") -> str:
     by the ORM on every claim (a third of the claim's CPU); ``tests/mcptasks/worker/
     test_claim_statement.py`` holds the two to the same rows. ``lease`` narrows it to the rows
     never leased (``"unleased"``) or whose lease lapsed (``"lapsed"``): each half alone is one
-    plain index scan of ``task_claim_idx`` (see :func:`_build`)."""
+    plain index scan (of ``task_backlog_idx`` and ``task_claim_idx``, see :func:`_build`)."""
     q = connection.ops.quote_name
-    live = ", ".join(f"'{status}'" for status in LIVE)  # our own constants: the index sees literals
     column = f"{alias}.{q('lease_expires_at')}"
     leased = {"unleased": f"{column} IS NULL", "lapsed": f"{column} < %(now)s",
               "any": f"({column} IS NULL OR {column} < %(now)s)"}[lease]
     return (
-        f"{alias}.{q('status')} IN ({live}) AND NOT {alias}.{q('cancel_requested')} "
+        f"{alias}.{q('status')} IN ({_LIVE_SQL}) AND NOT {alias}.{q('cancel_requested')} "
         f"AND {leased} "
         f"AND {alias}.{q('attempt')} < {alias}.{q('max_attempts')} "
         f"AND ({alias}.{q('run_after')} IS NULL OR {alias}.{q('run_after')} <= %(now)s) "
@@ -97,9 +99,8 @@ def _build(task: type[Task], *, probe: bool) -> str:
                    f"AND w.{q('tool_name')} = ANY(%(limited)s::text[])) AS limited")
     else:
         waiting = "SELECT false AS limited"
-    live = ", ".join(f"'{status}'" for status in LIVE)
     # The backlog index's predicate (task_backlog_idx), so the planner can read that index.
-    backlog = f"b.{q('status')} IN ({live}) AND b.{q('lease_expires_at')} IS NULL"
+    backlog = f"b.{q('status')} IN ({_LIVE_SQL}) AND b.{q('lease_expires_at')} IS NULL"
     tenant = q("tenant_id")
 
     def first_after(after: str) -> str:
