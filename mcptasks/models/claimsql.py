@@ -66,7 +66,9 @@ def claimable_sql(alias: str, *, lease: str = "any") -> str:
     by the ORM on every claim (a third of the claim's CPU); ``tests/mcptasks/worker/
     test_claim_statement.py`` holds the two to the same rows. ``lease`` narrows it to the rows
     never leased (``"unleased"``) or whose lease lapsed (``"lapsed"``): each half alone is one
-    plain index scan (of ``task_backlog_idx`` and ``task_claim_idx``, see :func:`_build`)."""
+    plain index scan (of ``task_backlog_idx`` and ``task_claim_idx``). The claim itself
+    (:func:`_build`) reads the never-leased half from ``task_backlog_idx`` alone and applies
+    the whole filter to the rows it locked."""
     q = connection.ops.quote_name
     column = f"{alias}.{q('lease_expires_at')}"
     leased = {"unleased": f"{column} IS NULL", "lapsed": f"{column} < %(now)s",
@@ -94,9 +96,12 @@ def _build(task: type[Task], *, probe: bool) -> str:
         q(m._meta.db_table) for m in (McpSession, task._meta.get_field("tenant").related_model,
                                      task._meta.get_field("principal").related_model)
     )
+    tool = q("tool_name")
     if probe:
-        waiting = (f"SELECT EXISTS(SELECT 1 FROM {table} w WHERE {claimable_sql('w')} "  # noqa: S608
-                   f"AND w.{q('tool_name')} = ANY(%(limited)s::text[])) AS limited")
+        # Among the rows ranked and locked, not the whole table: a limited tool's row this claim
+        # would not take anyway changes nothing (the counted path ranks the same rows first),
+        # and an EXISTS over every waiting row read the whole backlog on each claim (issue 27).
+        waiting = "SELECT EXISTS(SELECT 1 FROM locked l WHERE l.ok AND l.tool = ANY(%(limited)s::text[])) AS limited"
     else:
         waiting = "SELECT false AS limited"
     # The backlog index's predicate (task_backlog_idx), so the planner can read that index.
@@ -117,7 +122,6 @@ def _build(task: type[Task], *, probe: bool) -> str:
     sql = f"""
         WITH RECURSIVE
         held(tenant_id, n) AS (SELECT * FROM unnest(%(held_tenants)s::bigint[], %(held_runs)s::integer[])),
-        waiting AS ({waiting}),
         busy(tenant_id, seq, n, first) AS (
             -- The tenants with a backlog and each one's first backlog row, one index descent
             -- each (a skip scan of the backlog index), at most %(tenants)s of them, round the ring
@@ -147,29 +151,35 @@ def _build(task: type[Task], *, probe: bool) -> str:
                     -- index gives this order (with tenant_id = a constant, the planner may walk
                     -- the primary key through every older row of every tenant, or sort all of
                     -- the tenant's rows).
-                    SELECT u.{pk}, u.{tenant} FROM {table} u
-                    WHERE (u.{tenant}, u.{pk}) >= (busy.tenant_id, busy.seq) AND u.{tenant} <= busy.tenant_id
-                          AND {claimable_sql("u", lease="unleased")}
-                    ORDER BY u.{tenant}, u.{pk} LIMIT %(ranked)s
+                    SELECT b.{pk}, b.{tenant} FROM {table} b
+                    WHERE {backlog} AND (b.{tenant}, b.{pk}) >= (busy.tenant_id, busy.seq)
+                          AND b.{tenant} <= busy.tenant_id
+                    ORDER BY b.{tenant}, b.{pk} LIMIT %(ranked)s
                 ) u
                 WHERE u.{tenant} = busy.tenant_id AND busy.tenant_id <> ALL(%(capped)s::bigint[])
                 UNION ALL
                 SELECT x.{pk}, x.{tenant} FROM {table} x WHERE {claimable_sql("x", lease="lapsed")}
             ) c LEFT JOIN held h ON h.tenant_id = c.{tenant}
-            WHERE NOT (SELECT limited FROM waiting)
             ORDER BY pos, c.{pk} LIMIT %(ranked)s
         ),
-        locked (seq) AS MATERIALIZED (
-            SELECT l.{pk} FROM {table} l WHERE l.{pk} IN (SELECT seq FROM picked) AND {claimable_sql("l")}
+        locked (seq, ok, tool) AS MATERIALIZED (
+            -- Locked by primary key alone, and checked once locked (FOR UPDATE returns the
+            -- row's newest version): with the claimable filters in this scan, a plan made on
+            -- statistics that saw no waiting rows walked every live row by the status index
+            -- (issue 27: 50 ms a claim behind 3,000 rows).
+            SELECT l.{pk}, {claimable_sql("l")}, l.{tool} FROM {table} l
+            WHERE l.{pk} = ANY(ARRAY(SELECT seq FROM picked))
             FOR UPDATE OF l SKIP LOCKED
         ),
+        waiting AS ({waiting}),
         chosen AS MATERIALIZED (
             SELECT r.seq, r.pos FROM (
                 SELECT p.seq, p.pos,
                        row_number() OVER (PARTITION BY p.tenant_id ORDER BY p.pos, p.seq) + COALESCE(h.n, 0) AS nth
-                FROM picked p JOIN locked l ON l.seq = p.seq LEFT JOIN held h ON h.tenant_id = p.tenant_id
+                FROM picked p JOIN locked l ON l.seq = p.seq AND l.ok LEFT JOIN held h ON h.tenant_id = p.tenant_id
             ) r
-            WHERE CAST(%(cap)s AS integer) IS NULL OR r.nth <= CAST(%(cap)s AS integer)
+            WHERE (CAST(%(cap)s AS integer) IS NULL OR r.nth <= CAST(%(cap)s AS integer))
+                  AND NOT (SELECT limited FROM waiting)
             ORDER BY r.pos, r.seq LIMIT %(limit)s
         ),
         stamped AS (
@@ -207,11 +217,12 @@ def claim_statement(task: type[Task], *, worker_id: str, limit: int, now: dt.dat
     (oldest first) plus the tenant's runs here (``held``); at most ``RANKED_PER_SLOT`` times
     ``limit`` rows are ranked (without locks: a window cannot be locked), read from the first
     rows of at most ``max(that, TENANTS_PER_CLAIM)`` busy tenants round the ring (see
-    :class:`_Ring`; ``passed_over`` when there were more), then locked with
-    ``SKIP LOCKED`` and re-checked, and a tenant keeps at most ``tenant_cap`` runs counting
-    ``held``. If a claimable row of a tool in ``limited`` (tools with ``max_concurrency``) is
-    waiting, the statement locks and claims nothing and returns ``(True, [])``: the caller then
-    claims the counted way. Returns ``(limited_waiting, claimed rows in claim order)``; atomic by
+    :class:`_Ring`; ``passed_over`` when there were more), then locked by primary key with
+    ``SKIP LOCKED`` and checked (:func:`claimable_sql`) on their newest version, and a tenant
+    keeps at most ``tenant_cap`` runs counting ``held``. If a claimable row of a tool in
+    ``limited`` (tools with ``max_concurrency``) is among the locked rows, the statement claims
+    nothing (its locks end with it) and returns ``(True, [])``: the caller then claims the
+    counted way. Returns ``(limited_waiting, claimed rows in claim order)``; atomic by
     itself (autocommit or a transaction). Prepared on the server where that is safe
     (:mod:`mcptasks.db.prepared`).
     """

@@ -101,7 +101,7 @@ class TaskQuerySet(models.QuerySet["Task"]):
         On PostgreSQL the claim is one statement (:func:`~mcptasks.models.claimsql.claim_statement`:
         rank, lock with ``SKIP LOCKED``, ``UPDATE … RETURNING``), run in autocommit (without a
         pooler, outside a caller's transaction) unless a claimable task of a tool
-        in ``limited`` is waiting: counting such a tool's slots needs its advisory lock before the
+        in ``limited`` is among the rows it ranks: counting such a tool's slots needs its advisory lock before the
         claim, so the statement then claims nothing and the claim takes the counted path below
         (rank, lock, update: three statements plus the count of each limited tool) in the same
         transaction. SQLite always takes the counted path. The result's ``passed_over`` says

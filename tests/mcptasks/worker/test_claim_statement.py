@@ -7,12 +7,13 @@ import threading
 from typing import Any
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from mcptasks.models import Claimed, Task
 from tests.support.factories import make_auth, make_session, task_row
+from tests.support.plans import generic_rows_read
 from tests.support.row_locks import transaction_held
 
 pytestmark = pytest.mark.skipif(connection.vendor != "postgresql", reason="the single statement is PostgreSQL's")
@@ -225,48 +226,75 @@ def test_a_claim_says_whether_it_passed_over_rows(counted: bool) -> None:
     assert [t.task_id for t in partial] == [r.task_id for r in more[:2]] and partial.passed_over
 
 
-def _backlog(auth: Any, n: int) -> None:
-    """``n`` claimable rows of ``auth``'s principal, written in one statement."""
+def _backlog(auth: Any, n: int, status: str = "working") -> None:
+    """``n`` rows of ``auth``'s principal (claimable unless ``status`` says otherwise), in a few statements."""
     now = timezone.now()
     Task.objects.bulk_create([
         Task(tenant_id=auth.tenant_id, principal_id=auth.principal_id, session_id="s", tool_name="plain",
              params={"name": "plain", "arguments": {}}, created_at=now, last_updated_at=now, max_attempts=1,
-             ttl_ms=60_000) for _ in range(n)])
+             ttl_ms=60_000, status=status) for _ in range(n)], batch_size=2000)
 
 
-def _task_rows_read(params: dict[str, Any]) -> int:
-    """The rows the claim statement's scans of the task table return, by EXPLAIN ANALYZE (rolled back)."""
-    from mcptasks.models import claimsql
-
-    def walk(node: dict[str, Any]) -> int:
-        own = node["Actual Rows"] * node["Actual Loops"] if node.get("Relation Name") == "mcptasks_task" else 0
-        return own + sum(walk(child) for child in node.get("Plans", []))
-
-    with transaction.atomic(), connection.cursor() as cur:
-        cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + claimsql._build(Task, probe=False), params)
-        plan = cur.fetchone()[0][0]["Plan"]
-        transaction.set_rollback(True)
-    return int(walk(plan))
+def _claim_params(**kw: Any) -> dict[str, Any]:
+    now = timezone.now()
+    return {"held_tenants": [], "held_runs": [], "limited": [], "now": now, "skip": [], "capped": [], "ranked": 32,
+            "cap": None, "limit": 8, "worker": "w", "lease_until": now + dt.timedelta(seconds=30), "after": 0,
+            "tenants": 64, **kw}
 
 
 @pytest.mark.django_db
 def test_a_claim_reads_the_first_rows_of_each_busy_tenant_not_the_whole_backlog() -> None:
     """Issue 27: the claim ranked every waiting row (11 ms a claim behind 5,000 rows of one
     tenant, PostgreSQL's largest cost under a creation load); now each busy tenant's first rows."""
+    from mcptasks.models import claimsql
+
     flood, other = make_auth(), make_auth()
     _backlog(flood, 3000)
     _backlog(other, 2)
     with connection.cursor() as cur:
         cur.execute("ANALYZE mcptasks_task")
-    now = timezone.now()
-    read = _task_rows_read({
-        "held_tenants": [], "held_runs": [], "limited": [], "now": now, "skip": [], "capped": [], "ranked": 32,
-        "cap": None, "limit": 8, "worker": "w", "lease_until": now + dt.timedelta(seconds=30), "after": 0,
-        "tenants": 64})
+    read = generic_rows_read(claimsql._build(Task, probe=False), _claim_params(), table="mcptasks_task")
     assert read < 300, read
     # Fair all the same: the other tenant's two rows come with the flood's first two.
     claimed = _claim("w1", 4)
     assert sorted(t.tenant_id for t in claimed) == sorted([flood.tenant_id] * 2 + [other.tenant_id] * 2)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("seen", "since"), [(0, 3000), (2000, 2000)])
+def test_a_claim_planned_on_old_statistics_still_reads_only_the_first_rows(seen: int, since: int) -> None:
+    """Issue 27: the claim's generic plan is made from the statistics of its first execution.
+    Made when the table held mostly finished tasks and a backlog of ``seen`` rows (vacuumed and
+    analyzed), then run behind ``seen + since`` rows, it read every waiting row: through the
+    status index to lock the ranked rows (50 ms a claim), through another index and a sort to
+    rank one tenant's rows (4,000 rows), and once more in the probe for waiting tools with a
+    concurrency limit. Now it reads what it ranks."""
+    from mcptasks.models import claimsql
+
+    flood, other = make_auth(), make_auth()
+    _backlog(flood, 5000, status="completed")
+    _backlog(flood, seen)
+    with connection.cursor() as cur:
+        cur.execute("VACUUM ANALYZE mcptasks_task")
+    _backlog(flood, since)
+    _backlog(other, 2)
+    for probe in (False, True):
+        params = _claim_params(limited=["one_at_a_time"] if probe else [])
+        read = generic_rows_read(claimsql._build(Task, probe=probe), params, table="mcptasks_task")
+        assert read < 300, (probe, read)
+
+
+@pytest.mark.django_db
+def test_a_limited_tool_past_the_ranked_rows_leaves_the_claim_one_statement() -> None:
+    """Only the rows a claim ranks decide whether it counts a limited tool's slots: a waiting
+    row of such a tool behind the backlog no longer sends every claim down the counted path."""
+    auth = make_auth()
+    rows = [task_row("plain", auth=auth) for _ in range(12)]
+    task_row("one_at_a_time", auth=auth)
+    with CaptureQueriesContext(connection) as ctx:
+        claimed = _claim("w1", 2, limited={"one_at_a_time": 1})  # ranks 2 x RANKED_PER_SLOT rows
+    assert [t.task_id for t in claimed] == [r.task_id for r in rows[:2]]
+    assert len(_statements(ctx)) == 1, _statements(ctx)
 
 
 @pytest.mark.django_db
