@@ -33,6 +33,7 @@ from django.db import connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from mcptasks.audit import sealsql
 from mcptasks.models import AuditAnchor, AuditEvent
 
 #: pg_try_advisory_xact_lock key of the sealer (one sealer at a time across all processes).
@@ -148,66 +149,63 @@ def _heads(chains: set[int]) -> dict[int, tuple[int, str]]:
 def seal(*, limit: int = 5000) -> int:
     """Chain up to ``limit`` committed unsealed events; returns how many were sealed.
 
-    Returns 0 at once when another process is sealing (PostgreSQL); on SQLite writers are
-    serialised by the database.
+    On PostgreSQL the events are read and hashed outside any transaction, then written by one
+    statement that takes the sealer's advisory lock and writes only if no chain it extends has
+    moved meanwhile (:func:`mcptasks.audit.sealsql.write_if_current`): no transaction stays open while Python hashes
+    (issue 27: every process's pass sat ``idle in transaction`` for the whole hashing). Returns
+    0 at once when another process holds the lock, or when the heads moved (the next pass
+    chains them). On SQLite writers are serialised by the database: one transaction.
     """
-    with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cur:
-                cur.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", list(SEAL_LOCK))
-                if not cur.fetchone()[0]:
-                    return 0
-        pending = list(AuditEvent.objects.filter(sealed_at__isnull=True).order_by("id")[:limit])
-        if not pending:
-            return 0
-        heads = _heads({e.chain for e in pending})
-        now = timezone.now()
-        for ev in pending:
-            seq, prev = heads[ev.chain]
-            ev.chain_seq = seq + 1
-            ev.prev_hash = prev
-            ev.hash = event_hash(event_id=ev.pk, created_at=ev.created_at, chain=ev.chain, seq=seq + 1,
-                                 principal=ev.principal_ref, action=ev.action, task_id=ev.task_id, data=ev.data,
-                                 prev=prev)
-            ev.sealed_at = now
-            heads[ev.chain] = (seq + 1, ev.hash)
-        _write_seals(pending)
-        touched = {ev.chain for ev in pending}
-        AuditAnchor.objects.bulk_create([_anchor(chain=c, seq=heads[c][0], head=heads[c][1], at=now,
-                                                 kind=AuditAnchor.Kind.HEAD) for c in sorted(touched)])
-        return len(pending)
+    if connection.vendor != "postgresql":
+        with transaction.atomic():
+            chained = _chain_pending(limit=limit)
+            if chained is None:
+                return 0
+            pending, _bases, anchors = chained
+            _write_seals(pending)
+            AuditAnchor.objects.bulk_create(anchors)
+            return len(pending)
+    chained = _chain_pending(limit=limit)
+    if chained is None:
+        return 0
+    pending, bases, anchors = chained
+    return len(pending) if sealsql.write_if_current(pending, bases=bases, anchors=anchors, lock=SEAL_LOCK) else 0
+
+
+def _chain_pending(*, limit: int) -> tuple[list[AuditEvent], dict[int, int], list[AuditAnchor]] | None:
+    """The oldest ``limit`` unsealed events with their seal columns set in memory (in id order,
+    each after its chain's head), the head sequence number each chain had, and the anchors of
+    the new heads; None when nothing is unsealed."""
+    pending = list(AuditEvent.objects.filter(sealed_at__isnull=True).order_by("id")[:limit])
+    if not pending:
+        return None
+    heads = _heads({e.chain for e in pending})
+    bases = {chain: seq for chain, (seq, _hash) in heads.items()}
+    now = timezone.now()
+    for ev in pending:
+        seq, prev = heads[ev.chain]
+        ev.chain_seq = seq + 1
+        ev.prev_hash = prev
+        ev.hash = event_hash(event_id=ev.pk, created_at=ev.created_at, chain=ev.chain, seq=seq + 1,
+                             principal=ev.principal_ref, action=ev.action, task_id=ev.task_id, data=ev.data,
+                             prev=prev)
+        ev.sealed_at = now
+        heads[ev.chain] = (seq + 1, ev.hash)
+    anchors = [_anchor(chain=c, seq=heads[c][0], head=heads[c][1], at=now, kind=AuditAnchor.Kind.HEAD)
+               for c in sorted(bases)]
+    return pending, bases, anchors
 
 
 def _write_seals(events: list[AuditEvent]) -> None:
-    """Store the seal columns of ``events``.
-
-    On PostgreSQL one ``UPDATE ... FROM unnest(...)`` writes them all: one statement parsed and
-    planned once per batch (the sealer runs on every process; three events per task). Elsewhere
-    one parameterised UPDATE is executed for every row (``bulk_update``'s CASE per column cost
-    about a millisecond of CPU per event).
-    """
+    """Store the seal columns of ``events`` (SQLite: one parameterised UPDATE a row;
+    ``bulk_update``'s CASE per column cost about a millisecond of CPU per event)."""
     meta = AuditEvent._meta
     quote = connection.ops.quote_name
     table, pk = quote(meta.db_table), quote(str(meta.pk.column))
-    if connection.vendor == "postgresql":
-        sealed_at = events[0].sealed_at  # one batch, one time
-        with connection.cursor() as cur:
-            cur.execute(
-                f"UPDATE {table} a SET {quote('chain_seq')} = v.seq, {quote('prev_hash')} = v.prev, "  # noqa: S608
-                f"{quote('hash')} = v.hash, {quote('sealed_at')} = %s "
-                "FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::text[]) AS v (id, seq, prev, hash) "
-                f"WHERE a.{pk} = v.id",
-                [sealed_at, [ev.pk for ev in events], [ev.chain_seq for ev in events],
-                 [ev.prev_hash for ev in events], [ev.hash for ev in events]],
-            )
-        return
-    columns = ["chain_seq", "prev_hash", "hash", "sealed_at"]
-    fields = [f for f in meta.concrete_fields if f.name in columns]
+    fields = [f for f in meta.concrete_fields if f.name in ("chain_seq", "prev_hash", "hash", "sealed_at")]
     assignments = ", ".join(f"{quote(str(f.column))} = %s" for f in fields)
     sql = f"UPDATE {table} SET {assignments} WHERE {pk} = %s"  # noqa: S608
-    rows = [
-        [f.get_db_prep_save(getattr(ev, f.attname), connection) for f in fields] + [ev.pk] for ev in events
-    ]
+    rows = [[f.get_db_prep_save(getattr(ev, f.attname), connection) for f in fields] + [ev.pk] for ev in events]
     with connection.cursor() as cur:
         cur.executemany(sql, rows)
 

@@ -292,7 +292,7 @@ def test_a_sealing_pass_writes_its_seals_in_one_statement_on_postgresql(auth: Au
         auditing.record_audit(auth=auth, action="test.many", data={"n": n})
     with CaptureQueriesContext(connection) as ctx:
         assert audit.seal() == 12
-    updates = [q["sql"] for q in ctx.captured_queries if q["sql"].lstrip().upper().startswith("UPDATE")]
+    updates = [q["sql"] for q in ctx.captured_queries if 'UPDATE "mcptasks_auditevent"' in q["sql"]]
     assert len(updates) == 1, updates
     sealed = list(AuditEvent.objects.filter(action="test.many").order_by("chain_seq"))
     assert [e.chain_seq for e in sealed] == list(range(1, 13))
@@ -347,4 +347,60 @@ def test_deleting_a_principal_still_clears_its_events_key_and_keeps_the_chain(au
     Principal.objects.filter(pk=auth.principal_id).delete()
     event = AuditEvent.objects.get(action="test.gone")
     assert (event.principal_id, event.principal_ref) == (None, auth.principal_id)
+    assert _verify(auth).ok
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sealing_pass_holds_no_transaction_open_while_it_hashes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27: every process's sealing pass hashed its events inside the transaction that held
+    the sealer's lock, so PostgreSQL saw it ``idle in transaction`` while Python worked. Now
+    the events are read and hashed first, and the write is one statement."""
+    from django.db import connection
+
+    require_postgres()
+    auth = make_auth()
+    for n in range(5):
+        auditing.record_audit(auth=auth, action="test.hash", data={"n": n})
+    hash_event = audit.event_hash
+    open_while_hashing: list[bool] = []
+
+    def watching(**kw: Any) -> str:
+        open_while_hashing.append(connection.in_atomic_block)
+        return hash_event(**kw)
+
+    monkeypatch.setattr(audit, "event_hash", watching)
+    assert audit.seal() == 5
+    assert open_while_hashing == [False] * 5
+    assert _verify(auth).ok
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_chain_sealed_by_another_process_meanwhile_is_not_written_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hashing outside the lock: another sealer may chain the same events between this pass's
+    read and its write. The write then finds the chain moved and writes nothing; the chain
+    stays one chain."""
+    require_postgres()
+    auth = make_auth()
+    for n in range(4):
+        auditing.record_audit(auth=auth, action="test.race", data={"n": n})
+    hash_event = audit.event_hash
+    raced: list[int] = []
+
+    def racing(**kw: Any) -> str:
+        if not raced:  # the first hash of this pass: another process seals everything first
+            monkeypatch.setattr(audit, "event_hash", hash_event)
+            result: list[int] = []
+            thread = threading.Thread(target=lambda: (result.append(audit.seal()), connections.close_all()))
+            thread.start()
+            thread.join()
+            raced.extend(result)
+            monkeypatch.setattr(audit, "event_hash", racing)
+        return hash_event(**kw)
+
+    monkeypatch.setattr(audit, "event_hash", racing)
+    assert audit.seal() == 0
+    assert raced == [4]
+    seqs = sorted(AuditEvent.objects.filter(chain=auth.tenant_id).values_list("chain_seq", flat=True))
+    assert seqs == [1, 2, 3, 4]
+    assert AuditAnchor.objects.filter(chain=auth.tenant_id).count() == 1
     assert _verify(auth).ok
