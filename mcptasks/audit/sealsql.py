@@ -7,15 +7,49 @@ from typing import Any
 
 from django.db import connection, transaction
 
+from mcptasks.db import prepared
 from mcptasks.models import AuditAnchor, AuditEvent
+
+_statement: str | None = None
 
 
 def write_if_current(events: list[AuditEvent], *, bases: dict[int, int], anchors: list[AuditAnchor],
                      lock: tuple[int, int]) -> bool:
-    """PostgreSQL: store the seals of ``events`` and ``anchors`` in one statement, under the
-    sealer's advisory lock, if every chain's newest sealed event is still the one at ``bases``
-    (chain -> sequence number) and every event is still unsealed; else write nothing. Whether
-    it wrote. Its transaction lasts one statement and a COMMIT."""
+    """PostgreSQL: store the seals of ``events`` and ``anchors`` in one statement, once the
+    sealer's advisory lock ``lock`` is taken (``pg_try_advisory_xact_lock``), if every chain's
+    newest sealed event is still the one at ``bases`` (chain -> sequence number) and every
+    event is still unsealed; else write nothing. Whether it wrote. Its transaction is the lock,
+    the statement and a COMMIT: no Python work between."""
+    params: dict[str, Any] = {
+        "chains": list(bases), "bases": list(bases.values()),
+        "at": events[0].sealed_at, "ids": [ev.pk for ev in events], "seqs": [ev.chain_seq for ev in events],
+        "prevs": [ev.prev_hash for ev in events], "hashes": [ev.hash for ev in events],
+        "a_chains": [a.chain for a in anchors], "a_seqs": [a.seq for a in anchors],
+        "a_heads": [a.head for a in anchors], "a_kinds": [a.kind for a in anchors],
+        "a_ats": [a.created_at for a in anchors], "a_sigs": [a.signature for a in anchors],
+    }
+    with transaction.atomic():
+        # The lock first, in a statement of its own: the write's snapshot is then taken once
+        # the lock is held, so it sees every seal committed by the sealer before (a snapshot
+        # taken before the lock could miss one and extend a chain from a stale head).
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", list(lock))
+            if not cur.fetchone()[0]:
+                return False
+        # Prepared with binary arrays: nothing slow runs between the lock and the write.
+        [(current, written)] = prepared.fetchall(_build(), params)
+        if current and written == len(events):
+            return True
+        # A chain moved, or an event went: every event or none is sealed.
+        transaction.set_rollback(True)
+        return False
+
+
+def _build() -> str:
+    """The statement (built once: only quoted model metadata is formatted in)."""
+    global _statement
+    if _statement is not None:
+        return _statement
     quote = connection.ops.quote_name
     table, pk = quote(AuditEvent._meta.db_table), quote(str(AuditEvent._meta.pk.column))
     anchor_table = quote(AuditAnchor._meta.db_table)
@@ -23,7 +57,7 @@ def write_if_current(events: list[AuditEvent], *, bases: dict[int, int], anchors
     columns = ", ".join(quote(c) for c in ("chain", "seq", "head", "kind", "created_at", "signature"))
     sql = f"""
         WITH gate AS MATERIALIZED (
-            SELECT pg_try_advisory_xact_lock(%(lock_a)s, %(lock_b)s) AND NOT EXISTS (
+            SELECT NOT EXISTS (
                 SELECT 1 FROM unnest(%(chains)s::bigint[], %(bases)s::bigint[]) AS h (chain, seq)
                 WHERE EXISTS (SELECT 1 FROM {table} e WHERE e.{quote("chain")} = h.chain AND e.{chain_seq} > h.seq)
             ) AS ok
@@ -44,19 +78,5 @@ def write_if_current(events: list[AuditEvent], *, bases: dict[int, int], anchors
         )
         SELECT (SELECT ok FROM gate), (SELECT count(*) FROM sealed)
     """  # noqa: S608 (quoted names only; every value is a parameter)
-    params: dict[str, Any] = {
-        "lock_a": lock[0], "lock_b": lock[1], "chains": list(bases), "bases": list(bases.values()),
-        "at": events[0].sealed_at, "ids": [ev.pk for ev in events], "seqs": [ev.chain_seq for ev in events],
-        "prevs": [ev.prev_hash for ev in events], "hashes": [ev.hash for ev in events],
-        "a_chains": [a.chain for a in anchors], "a_seqs": [a.seq for a in anchors],
-        "a_heads": [a.head for a in anchors], "a_kinds": [a.kind for a in anchors],
-        "a_ats": [a.created_at for a in anchors], "a_sigs": [a.signature for a in anchors],
-    }
-    with transaction.atomic(), connection.cursor() as cur:
-        cur.execute(sql, params)
-        ok, written = cur.fetchone()
-        if ok and written == len(events):
-            return True
-        # The lock was taken, a chain moved, or an event went (every event or none is sealed).
-        transaction.set_rollback(True)
-        return False
+    _statement = sql
+    return sql
