@@ -3,14 +3,43 @@ chains that have not moved since the pass read them (see :func:`mcptasks.audit.t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 
+from mcptasks import conf
 from mcptasks.db import prepared
 from mcptasks.models import AuditAnchor, AuditEvent
 
 _statement: str | None = None
+
+
+@contextmanager
+def sealing_turn(lock: tuple[int, int]) -> Iterator[bool]:
+    """Whether this pass may seal: without a pooler, the sealer's advisory lock taken for the
+    session (``pg_try_advisory_lock``) for the whole pass and released after, so concurrent
+    passes of other processes skip at once instead of hashing the same events. The lock is no
+    transaction: a process that vanishes mid-pass releases it with its connection. Behind a
+    transaction pooler a session lock could stay on a server connection another client gets:
+    every pass goes on, and only the write's transaction lock (:func:`write_if_current`)
+    decides."""
+    if conf.get().DB_POOLER != "none":
+        yield True
+        return
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_try_advisory_lock(%s, %s)", list(lock))
+        held = bool(cur.fetchone()[0])
+    try:
+        yield held
+    finally:
+        if held:
+            try:
+                with connection.cursor() as cur:
+                    cur.execute("SELECT pg_advisory_unlock(%s, %s)", list(lock))
+            except DatabaseError:
+                pass  # the connection went, and the lock with it
 
 
 def write_if_current(events: list[AuditEvent], *, bases: dict[int, int], anchors: list[AuditAnchor],

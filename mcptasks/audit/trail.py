@@ -150,11 +150,14 @@ def seal(*, limit: int = 5000) -> int:
     """Chain up to ``limit`` committed unsealed events; returns how many were sealed.
 
     On PostgreSQL the events are read and hashed outside any transaction, then written by one
-    statement that takes the sealer's advisory lock and writes only if no chain it extends has
-    moved meanwhile (:func:`mcptasks.audit.sealsql.write_if_current`): no transaction stays open while Python hashes
-    (issue 27: every process's pass sat ``idle in transaction`` for the whole hashing). Returns
-    0 at once when another process holds the lock, or when the heads moved (the next pass
-    chains them). On SQLite writers are serialised by the database: one transaction.
+    statement under the sealer's advisory lock, only if no chain it extends has moved meanwhile
+    (:func:`mcptasks.audit.sealsql.write_if_current`): no transaction stays open while Python
+    hashes (issue 27: every process's pass sat ``idle in transaction`` for the whole hashing).
+    Without a pooler the pass first takes the lock for its session
+    (:func:`mcptasks.audit.sealsql.sealing_turn`), so the other processes' passes skip at once
+    instead of hashing the same events. Returns 0 at once when another process is sealing, or
+    when the heads moved (the next pass chains them). On SQLite writers are serialised by the
+    database: one transaction.
     """
     if connection.vendor != "postgresql":
         with transaction.atomic():
@@ -165,11 +168,12 @@ def seal(*, limit: int = 5000) -> int:
             _write_seals(pending)
             AuditAnchor.objects.bulk_create(anchors)
             return len(pending)
-    chained = _chain_pending(limit=limit)
-    if chained is None:
-        return 0
-    pending, bases, anchors = chained
-    return len(pending) if sealsql.write_if_current(pending, bases=bases, anchors=anchors, lock=SEAL_LOCK) else 0
+    with sealsql.sealing_turn(SEAL_LOCK) as turn:
+        chained = _chain_pending(limit=limit) if turn else None
+        if chained is None:
+            return 0
+        pending, bases, anchors = chained
+        return len(pending) if sealsql.write_if_current(pending, bases=bases, anchors=anchors, lock=SEAL_LOCK) else 0
 
 
 def _chain_pending(*, limit: int) -> tuple[list[AuditEvent], dict[int, int], list[AuditAnchor]] | None:
