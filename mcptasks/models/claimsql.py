@@ -147,7 +147,8 @@ def _build(task: type[Task], *, probe: bool) -> str:
                 -- past the first %(ranked)s can be ranked in: each busy tenant gives that many.
                 SELECT u.{pk}, u.{tenant} FROM busy CROSS JOIN LATERAL (
                     -- From the tenant's first backlog row on (past the index entries of rows
-                    -- claimed since the last vacuum), in the backlog index's order: only that
+                    -- claimed since the last vacuum), from the backlog index alone (no filter
+                    -- here: `locked` checks each row), in that index's order: only that
                     -- index gives this order (with tenant_id = a constant, the planner may walk
                     -- the primary key through every older row of every tenant, or sort all of
                     -- the tenant's rows).

@@ -350,6 +350,15 @@ def test_deleting_a_principal_still_clears_its_events_key_and_keeps_the_chain(au
     assert _verify(auth).ok
 
 
+def _unsealed(action: str, n: int) -> tuple[AuthContext, Any]:
+    """PostgreSQL: a new tenant with ``n`` unsealed events, and the hash function before any patch."""
+    require_postgres()
+    auth = make_auth()
+    for i in range(n):
+        auditing.record_audit(auth=auth, action=action, data={"n": i})
+    return auth, audit.event_hash
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_sealing_pass_holds_no_transaction_open_while_it_hashes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 27: every process's sealing pass hashed its events inside the transaction that held
@@ -357,11 +366,7 @@ def test_a_sealing_pass_holds_no_transaction_open_while_it_hashes(monkeypatch: p
     the events are read and hashed first, and the write is one statement."""
     from django.db import connection
 
-    require_postgres()
-    auth = make_auth()
-    for n in range(5):
-        auditing.record_audit(auth=auth, action="test.hash", data={"n": n})
-    hash_event = audit.event_hash
+    auth, hash_event = _unsealed("test.hash", 5)
     open_while_hashing: list[bool] = []
 
     def watching(**kw: Any) -> str:
@@ -382,12 +387,8 @@ def test_a_pass_that_another_process_overtakes_writes_nothing(pooler: str, setti
     (this pass holds the sealer's lock for its session). Behind a transaction pooler it seals
     the same events first; this pass's write then finds the chain moved and writes nothing.
     Either way the chain stays one chain."""
-    require_postgres()
     settings.MCPTASKS = {**settings.MCPTASKS, "DB_POOLER": pooler}
-    auth = make_auth()
-    for n in range(4):
-        auditing.record_audit(auth=auth, action="test.race", data={"n": n})
-    hash_event = audit.event_hash
+    auth, hash_event = _unsealed("test.race", 4)
     raced: list[int] = []
 
     def racing(**kw: Any) -> str:
