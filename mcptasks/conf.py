@@ -140,8 +140,9 @@ class AppSettings:
     GC_TUNING: bool = setting(True, "Web processes and workers freeze what start-up made and collect garbage less "
         "often (thresholds 20000, 50, 50 for Python's 700, 10, 10): full collections paused every request of a process "
         "for tens of ms (`mcptasks/processes/gc_tuning.py`). Off keeps Python's defaults.")
-    AUDIT_SEAL_INTERVAL_S: float = setting(1.0, "How often workers and web processes try to seal new audit events "
-        "into their chains (one sealer at a time across all processes).")
+    AUDIT_SEAL_INTERVAL_S: float = setting(1.0, "How often workers (and a web process running the embedded worker) "
+        "try to seal new audit events into their chains, one sealer at a time across all processes. A web process "
+        "beside worker processes seals only events left unsealed for five intervals (no worker sealing).")
     AUDIT_ANCHOR_RETENTION_S: int = setting(
         86400, "Head anchors older than this are deleted by cleanup (the newest of each chain is always kept)."
     )

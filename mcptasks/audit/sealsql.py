@@ -3,8 +3,10 @@ chains that have not moved since the pass read them (see :func:`mcptasks.audit.t
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError, connection, transaction
@@ -14,6 +16,17 @@ from mcptasks.db import prepared
 from mcptasks.models import AuditAnchor, AuditEvent
 
 _statement: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Seal:
+    """The seal columns of one event (``pk``), as a pass computed them."""
+
+    pk: int
+    chain_seq: int
+    prev_hash: str
+    hash: str
+    sealed_at: dt.datetime
 
 
 @contextmanager
@@ -42,7 +55,7 @@ def sealing_turn(lock: tuple[int, int]) -> Iterator[bool]:
                 pass  # the connection went, and the lock with it
 
 
-def write_if_current(events: list[AuditEvent], *, bases: dict[int, int], anchors: list[AuditAnchor],
+def write_if_current(events: list[Seal], *, bases: dict[int, int], anchors: list[AuditAnchor],
                      lock: tuple[int, int]) -> bool:
     """PostgreSQL: store the seals of ``events`` and ``anchors`` in one statement, once the
     sealer's advisory lock ``lock`` is taken (``pg_try_advisory_xact_lock``), if every chain's

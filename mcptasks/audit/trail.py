@@ -50,7 +50,22 @@ def _key() -> bytes:
 
 
 def _mac(body: str) -> str:
-    return hmac.new(_key(), body.encode(), hashlib.sha256).hexdigest()
+    mac = _keyed_mac().copy()
+    mac.update(body.encode())
+    return mac.hexdigest()
+
+
+#: The HMAC keyed with the audit key, and the settings it was made from (the key is padded and
+#: hashed once, not for every event: a sealing pass hashes thousands).
+_keyed: tuple[tuple[str, str], hmac.HMAC] | None = None
+
+
+def _keyed_mac() -> hmac.HMAC:
+    global _keyed
+    made_from = (str(getattr(settings, "AUDIT_KEY", "") or ""), str(settings.SECRET_KEY))
+    if _keyed is None or _keyed[0] != made_from:
+        _keyed = (made_from, hmac.new(_key(), digestmod=hashlib.sha256))
+    return _keyed[1]
 
 
 def _iso(value: dt.datetime) -> str:
@@ -146,8 +161,11 @@ def _heads(chains: set[int]) -> dict[int, tuple[int, str]]:
     return heads
 
 
-def seal(*, limit: int = 5000) -> int:
+def seal(*, limit: int = 5000, older_than_s: float | None = None) -> int:
     """Chain up to ``limit`` committed unsealed events; returns how many were sealed.
+
+    ``older_than_s``: seal nothing unless the oldest unsealed event is at least that old (a
+    backstop for when the processes that seal have stopped); then seal as usual.
 
     On PostgreSQL the events are read and hashed outside any transaction, then written by one
     statement under the sealer's advisory lock, only if no chain it extends has moved meanwhile
@@ -159,6 +177,8 @@ def seal(*, limit: int = 5000) -> int:
     when the heads moved (the next pass chains them). On SQLite writers are serialised by the
     database: one transaction.
     """
+    if older_than_s is not None and not _left_unsealed(older_than_s):
+        return 0
     if connection.vendor != "postgresql":
         with transaction.atomic():
             chained = _chain_pending(limit=limit)
@@ -176,31 +196,38 @@ def seal(*, limit: int = 5000) -> int:
         return len(pending) if sealsql.write_if_current(pending, bases=bases, anchors=anchors, lock=SEAL_LOCK) else 0
 
 
-def _chain_pending(*, limit: int) -> tuple[list[AuditEvent], dict[int, int], list[AuditAnchor]] | None:
-    """The oldest ``limit`` unsealed events with their seal columns set in memory (in id order,
-    each after its chain's head), the head sequence number each chain had, and the anchors of
-    the new heads; None when nothing is unsealed."""
-    pending = list(AuditEvent.objects.filter(sealed_at__isnull=True).order_by("id")[:limit])
-    if not pending:
+def _left_unsealed(seconds: float) -> bool:
+    """Whether the oldest unsealed event (by id: the first row of the unsealed index) was
+    written at least ``seconds`` ago."""
+    oldest = AuditEvent.objects.filter(sealed_at__isnull=True).order_by("id").values_list("created_at", flat=True)[:1]
+    return any(at <= timezone.now() - dt.timedelta(seconds=seconds) for at in oldest)
+
+
+def _chain_pending(*, limit: int) -> tuple[list[sealsql.Seal], dict[int, int], list[AuditAnchor]] | None:
+    """The seals of the oldest ``limit`` unsealed events (in id order, each after its chain's
+    head), the head sequence number each chain had, and the anchors of the new heads; None when
+    nothing is unsealed. The events are read as values, not model instances: a pass reads
+    thousands, and building each instance cost more than hashing it."""
+    rows = list(AuditEvent.objects.filter(sealed_at__isnull=True).order_by("id").values_list(
+        "id", "created_at", "chain", "principal_ref", "action", "task_id", "data")[:limit])
+    if not rows:
         return None
-    heads = _heads({e.chain for e in pending})
+    heads = _heads({row[2] for row in rows})
     bases = {chain: seq for chain, (seq, _hash) in heads.items()}
     now = timezone.now()
-    for ev in pending:
-        seq, prev = heads[ev.chain]
-        ev.chain_seq = seq + 1
-        ev.prev_hash = prev
-        ev.hash = event_hash(event_id=ev.pk, created_at=ev.created_at, chain=ev.chain, seq=seq + 1,
-                             principal=ev.principal_ref, action=ev.action, task_id=ev.task_id, data=ev.data,
-                             prev=prev)
-        ev.sealed_at = now
-        heads[ev.chain] = (seq + 1, ev.hash)
+    pending = []
+    for event_id, created_at, chain, principal, action, task_id, data in rows:
+        seq, prev = heads[chain]
+        digest = event_hash(event_id=event_id, created_at=created_at, chain=chain, seq=seq + 1, principal=principal,
+                            action=action, task_id=task_id, data=data, prev=prev)
+        pending.append(sealsql.Seal(pk=event_id, chain_seq=seq + 1, prev_hash=prev, hash=digest, sealed_at=now))
+        heads[chain] = (seq + 1, digest)
     anchors = [_anchor(chain=c, seq=heads[c][0], head=heads[c][1], at=now, kind=AuditAnchor.Kind.HEAD)
                for c in sorted(bases)]
     return pending, bases, anchors
 
 
-def _write_seals(events: list[AuditEvent]) -> None:
+def _write_seals(events: list[sealsql.Seal]) -> None:
     """Store the seal columns of ``events`` (SQLite: one parameterised UPDATE a row;
     ``bulk_update``'s CASE per column cost about a millisecond of CPU per event)."""
     meta = AuditEvent._meta

@@ -89,9 +89,12 @@ class EmbeddedRuntime:
             logger.info("embedded worker started")
         self._tasks.append(asyncio.ensure_future(
             self._every(lambda: conf.get().CLEANUP_INTERVAL_S, cleanup.cleanup_expired, "periodic cleanup")))
-        # Any process may seal; the sealer's own lock lets one at a time do it.
-        self._tasks.append(asyncio.ensure_future(
-            self._every(lambda: conf.get().AUDIT_SEAL_INTERVAL_S, housekeep, "sealing the audit log")))
+        # Beside an embedded worker this process seals (the sealer's own lock lets one process
+        # at a time do it). Beside worker processes, which seal, it is only the backstop: hashing
+        # here took the event loop's CPU on the request path (issue 27).
+        backstop = not settings.EMBEDDED_WORKER
+        self._tasks.append(asyncio.ensure_future(self._every(
+            lambda: conf.get().AUDIT_SEAL_INTERVAL_S, lambda: housekeep(backstop=backstop), "sealing the audit log")))
         self._install_shutdown_hook()
 
     def _install_shutdown_hook(self) -> None:
