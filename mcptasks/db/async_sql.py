@@ -84,7 +84,13 @@ def conninfo() -> dict[str, Any]:
 
 
 def utc_timestamptz_loader() -> type[Any]:
-    """A ``timestamptz`` loader giving UTC datetimes whatever the session's ``TimeZone``."""
+    """A ``timestamptz`` loader giving UTC datetimes whatever the session's ``TimeZone``.
+
+    PostgreSQL's ISO output (``2026-11-29 03:21:11.513+00``) is parsed by
+    ``datetime.fromisoformat`` (C); anything else (another ``DateStyle``, ``infinity``, BC
+    dates) by psycopg's own loader. Issue 27: psycopg's loader, in Python, was a tenth of a
+    ``tasks/get``'s CPU (a task and its session carry a dozen timestamps).
+    """
     import datetime as dt
 
     from psycopg.types.datetime import TimestamptzLoader
@@ -93,6 +99,15 @@ def utc_timestamptz_loader() -> type[Any]:
         def __init__(self, oid: int, context: Any = None) -> None:
             super().__init__(oid, context)
             self._timezone = dt.UTC
+
+        def load(self, data: Any) -> dt.datetime:
+            try:
+                value = dt.datetime.fromisoformat(bytes(data).decode())
+            except ValueError:
+                value = None
+            if value is None or value.tzinfo is None:
+                return super().load(data)
+            return value.astimezone(dt.UTC)
 
     return UtcTimestamptzLoader
 
