@@ -315,3 +315,53 @@ def test_a_refused_statement_goes_to_the_orm_and_keeps_the_async_path(monkeypatc
     task = run_closing(lambda: _create(auth, session, 1))
     assert orm.calls == 1 and Task.objects.filter(pk=task.pk).exists()
     assert async_sql.available()
+
+
+def test_field_values_are_prepared_as_django_prepares_them() -> None:
+    """The creation statement skips ``get_db_prep_save`` where it returns the value itself
+    (``creationsql.db_value``): for every column of a task and its audit event, and values of
+    the right type, the wrong type, None and naive datetimes, both give the same parameter."""
+    import datetime as dt
+
+    from psycopg.types.json import Jsonb
+
+    from mcptasks.models import creationsql
+
+    conn = connections["default"]
+    aware = dt.datetime(2026, 11, 29, 3, 21, 11, 513000, tzinfo=dt.UTC)
+    samples: list[Any] = [None, "", "text", 0, 7, 2**40, True, False, aware, aware.replace(tzinfo=None),
+                          {"a": 1}, [1, "x"], 1.5]
+
+    def prepared(fn: Any) -> Any:
+        try:
+            value = fn()
+        except Exception as exc:  # both must refuse alike
+            return ("raised", type(exc))
+        return ("jsonb", value.obj) if isinstance(value, Jsonb) else (type(value), value)
+
+    checked = 0
+    for model in (Task, AuditEvent):
+        for field in model._meta.concrete_fields:
+            for value in samples:
+                with pytest.warns(RuntimeWarning) if _warns(field, value) else _no_warning():
+                    ours = prepared(lambda: creationsql.db_value(field, value, conn))
+                with pytest.warns(RuntimeWarning) if _warns(field, value) else _no_warning():
+                    django = prepared(lambda: field.get_db_prep_save(value, conn))
+                assert ours == django, (model.__name__, field.name, value)
+                checked += 1
+    assert checked == len(samples) * (len(Task._meta.concrete_fields) + len(AuditEvent._meta.concrete_fields))
+
+
+def _warns(field: Any, value: Any) -> bool:
+    """Django warns when a naive datetime is saved to a DateTimeField (time zones on)."""
+    import datetime as dt
+
+    from django.db import models
+
+    return isinstance(field, models.DateTimeField) and isinstance(value, dt.datetime) and value.tzinfo is None
+
+
+def _no_warning() -> Any:
+    import contextlib
+
+    return contextlib.nullcontext()
