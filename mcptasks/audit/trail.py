@@ -2,8 +2,9 @@
 
 Appending is a plain INSERT (:func:`append`): no lock, no read, so task traffic never
 serialises on the audit log. A *sealer* (:func:`seal`, run every ``AUDIT_SEAL_INTERVAL_S`` by
-workers, the embedded worker and ``mcptasks_cleanup``, under an advisory lock of its own on
-PostgreSQL) then chains the committed, unsealed events of each *chain* (one per tenant, ``0``
+workers and by a web process running the embedded worker, beside worker processes by web
+processes only as a backstop (:mod:`mcptasks.audit.housekeeping`), under an advisory lock of its
+own on PostgreSQL) then chains the committed, unsealed events of each *chain* (one per tenant, ``0``
 for events of no tenant) in id order: each gets the next ``chain_seq``, the previous event's
 hash and its own hash, an HMAC-SHA256 (key ``MCPTASKS_AUDIT_KEY``, separate from
 ``SECRET_KEY``) over its id, time, chain, sequence number, principal, action, task id, data and
