@@ -2,14 +2,14 @@
 
 Appending is a plain INSERT (:func:`append`): no lock, no read, so task traffic never
 serialises on the audit log. A *sealer* (:func:`seal`, run every ``AUDIT_SEAL_INTERVAL_S`` by
-workers and by a web process running the embedded worker, beside worker processes by web
-processes only as a backstop (:mod:`mcptasks.audit.housekeeping`), under an advisory lock of its
-own on PostgreSQL) then chains the committed, unsealed events of each *chain* (one per tenant, ``0``
-for events of no tenant) in id order: each gets the next ``chain_seq``, the previous event's
-hash and its own hash, an HMAC-SHA256 (key ``MCPTASKS_AUDIT_KEY``, separate from
-``SECRET_KEY``) over its id, time, chain, sequence number, principal, action, task id, data and
-the previous hash. An event that commits late (its transaction outlived a sealing pass) is
-simply chained in the next pass: the chain's order is the sealer's, so it never forks.
+workers, web processes only as their backstop (:mod:`~mcptasks.audit.housekeeping`), under an
+advisory lock of its own on PostgreSQL) then chains the committed, unsealed events of each
+*chain* (one per tenant, ``0`` for events of no tenant) in id order: each gets the next
+``chain_seq``, the previous event's hash and its own hash, an HMAC-SHA256 (key
+``MCPTASKS_AUDIT_KEY``, separate from ``SECRET_KEY``) over its id, time, chain, sequence number,
+principal, action, task id, data and the previous hash. An event that commits late (its
+transaction outlived a sealing pass) is simply chained in the next pass: the chain's order is
+the sealer's, so it never forks.
 
 Every pass that advances a chain records a signed *anchor* (the chain's head sequence number
 and hash); anchors can be exported and kept elsewhere. :func:`verify` recomputes a chain and
@@ -56,8 +56,7 @@ def _mac(body: str) -> str:
     return mac.hexdigest()
 
 
-#: The HMAC keyed with the audit key, and the settings it was made from (the key is padded and
-#: hashed once, not for every event: a sealing pass hashes thousands).
+#: The HMAC keyed with the audit key and the settings it came from (keyed once, not per event).
 _keyed: tuple[tuple[str, str], hmac.HMAC] | None = None
 
 
@@ -198,8 +197,7 @@ def seal(*, limit: int = 5000, older_than_s: float | None = None) -> int:
 
 
 def _left_unsealed(seconds: float) -> bool:
-    """Whether the oldest unsealed event (by id: the first row of the unsealed index) was
-    written at least ``seconds`` ago."""
+    """Whether the oldest unsealed event (the unsealed index's first) is ``seconds`` old."""
     oldest = AuditEvent.objects.filter(sealed_at__isnull=True).order_by("id").values_list("created_at", flat=True)[:1]
     return any(at <= timezone.now() - dt.timedelta(seconds=seconds) for at in oldest)
 
