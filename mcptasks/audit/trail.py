@@ -1,27 +1,27 @@
 """The audit trail: append-only events, sealed into keyed hash chains, anchored, verifiable.
 
-Appending is a plain INSERT (:func:`append`): no lock, no read, so task traffic never
-serialises on the audit log. A *sealer* (:func:`seal`, run every ``AUDIT_SEAL_INTERVAL_S`` by
-workers, web processes only as their backstop (:mod:`~mcptasks.audit.housekeeping`), under an
-advisory lock of its own on PostgreSQL) then chains the committed, unsealed events of each
-*chain* (one per tenant, ``0`` for events of no tenant) in id order: each gets the next
-``chain_seq``, the previous event's hash and its own hash, an HMAC-SHA256 (key
-``MCPTASKS_AUDIT_KEY``, separate from ``SECRET_KEY``) over its id, time, chain, sequence number,
-principal, action, task id, data and the previous hash. An event that commits late (its
-transaction outlived a sealing pass) is simply chained in the next pass: the chain's order is
-the sealer's, so it never forks.
+Appending is a plain INSERT (:func:`append`): no lock, no read, so task traffic never serialises on
+the audit log. A *sealer* (:func:`seal`, run every ``AUDIT_SEAL_INTERVAL_S`` by workers and the
+embedded worker's web process, others only as a backstop (:mod:`~.housekeeping`), under an advisory
+lock of its own on PostgreSQL) then chains the committed, unsealed events of each *chain* (one per
+tenant, ``0`` for events of no tenant) in id order: each gets the next ``chain_seq``, the previous
+event's hash and its own hash, an HMAC-SHA256 (key ``MCPTASKS_AUDIT_KEY``, separate from
+``SECRET_KEY``) over its id, time, chain, sequence number, principal, action, task id, data and the
+previous hash. An event that commits late (its transaction outlived a sealing pass) is simply
+chained in the next pass: the chain's order is the sealer's, so it never forks.
 
-Every pass that advances a chain records a signed *anchor* (the chain's head sequence number
-and hash); anchors can be exported and kept elsewhere. :func:`verify` recomputes a chain and
-names the first broken event: an edited or back-dated row fails its HMAC, a row deleted from the
-middle breaks the links, newest rows deleted leave an anchor pointing past the chain's end, and
-recomputing the hashes needs the key. :func:`prune` deletes old events and records a signed
-*prune anchor* from which verification starts.
+Every pass that advances a chain records a signed *anchor* (the chain's head sequence number and
+hash); anchors can be exported and kept elsewhere. :func:`verify` recomputes a chain and names the
+first broken event: an edited or back-dated row fails its HMAC, a row deleted from the middle breaks
+the links, newest rows deleted leave an anchor pointing past the chain's end, and recomputing the
+hashes needs the key. :func:`prune` deletes old events and records a signed *prune anchor* from
+which verification starts.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import hmac
 import json
@@ -51,21 +51,15 @@ def _key() -> bytes:
 
 
 def _mac(body: str) -> str:
-    mac = _keyed_mac().copy()
+    mac = _keyed_mac(str(getattr(settings, "AUDIT_KEY", "") or ""), str(settings.SECRET_KEY)).copy()
     mac.update(body.encode())
     return mac.hexdigest()
 
 
-#: The HMAC keyed with the audit key and the settings it came from (keyed once, not per event).
-_keyed: tuple[tuple[str, str], hmac.HMAC] | None = None
-
-
-def _keyed_mac() -> hmac.HMAC:
-    global _keyed
-    made_from = (str(getattr(settings, "AUDIT_KEY", "") or ""), str(settings.SECRET_KEY))
-    if _keyed is None or _keyed[0] != made_from:
-        _keyed = (made_from, hmac.new(_key(), digestmod=hashlib.sha256))
-    return _keyed[1]
+@functools.lru_cache(maxsize=1)
+def _keyed_mac(audit_key: str, secret_key: str) -> hmac.HMAC:
+    """The HMAC keyed by the settings named (keyed once, not for each of a pass's events)."""
+    return hmac.new(_key(), digestmod=hashlib.sha256)
 
 
 def _iso(value: dt.datetime) -> str:
@@ -144,6 +138,10 @@ def append_many(events: Iterable[AuditEvent]) -> None:
 # --- sealing ---------------------------------------------------------------------------------
 
 
+#: Unsealed events in id order (the unsealed index); only ever refined, never evaluated itself.
+_UNSEALED = AuditEvent.objects.filter(sealed_at__isnull=True).order_by("id")
+
+
 def _heads(chains: set[int]) -> dict[int, tuple[int, str]]:
     """(last sequence number, its hash) of each chain: its newest sealed event or prune anchor."""
     heads: dict[int, tuple[int, str]] = {c: (0, "") for c in chains}
@@ -198,7 +196,7 @@ def seal(*, limit: int = 5000, older_than_s: float | None = None) -> int:
 
 def _left_unsealed(seconds: float) -> bool:
     """Whether the oldest unsealed event (the unsealed index's first) is ``seconds`` old."""
-    oldest = AuditEvent.objects.filter(sealed_at__isnull=True).order_by("id").values_list("created_at", flat=True)[:1]
+    oldest = _UNSEALED.values_list("created_at", flat=True)[:1]
     return any(at <= timezone.now() - dt.timedelta(seconds=seconds) for at in oldest)
 
 
@@ -207,7 +205,7 @@ def _chain_pending(*, limit: int) -> tuple[list[sealsql.Seal], dict[int, int], l
     head), the head sequence number each chain had, and the anchors of the new heads; None when
     nothing is unsealed. The events are read as values, not model instances: a pass reads
     thousands, and building each instance cost more than hashing it."""
-    rows = list(AuditEvent.objects.filter(sealed_at__isnull=True).order_by("id").values_list(
+    rows = list(_UNSEALED.values_list(
         "id", "created_at", "chain", "principal_ref", "action", "task_id", "data")[:limit])
     if not rows:
         return None

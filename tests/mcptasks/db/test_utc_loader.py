@@ -22,11 +22,7 @@ DATESTYLES = ["ISO, MDY", "ISO, DMY", "ISO, YMD"]
 
 
 def _dsn() -> dict[str, Any]:
-    from django.db import connection
-
-    db = connection.settings_dict
-    return {"dbname": db["NAME"], "user": db.get("USER") or None, "host": db.get("HOST") or None,
-            "port": db.get("PORT") or None, "password": db.get("PASSWORD") or None, "autocommit": True}
+    return async_sql.conninfo()  # the async connections' own parameters (autocommit)
 
 
 @pytest.mark.django_db
