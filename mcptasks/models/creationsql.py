@@ -17,6 +17,7 @@ from django.db import connections, models
 from django.db.models import Field
 
 from mcptasks.db import wakeups, write_conns
+from mcptasks.models import instances
 from mcptasks.models.audit import AuditEvent
 from mcptasks.models.tasks import Task
 from tenants import quotas
@@ -190,11 +191,11 @@ async def insert_task(*, task: Task, audit_data: dict[str, Any], fallback_limit:
     :func:`mcptasks.db.write_conns.execute` raises.
     """
     sql, task_fields, audit_fields, conn = _build(counted=counted)
-    event = AuditEvent(
-        tenant_id=task.tenant_id, principal_id=task.principal_id, chain=task.tenant_id or 0,
-        principal_ref=task.principal_id, action="task.create", task_id=task.task_id, data=audit_data,
-        created_at=task.created_at,
-    )
+    event = instances.build(AuditEvent, {
+        "tenant_id": task.tenant_id, "principal_id": task.principal_id, "chain": task.tenant_id or 0,
+        "principal_ref": task.principal_id, "action": "task.create", "task_id": task.task_id, "data": audit_data,
+        "created_at": task.created_at,
+    })
     params: list[Any] = [task.tenant_id, task.principal_id, fallback_limit]
     params += [db_value(f, getattr(task, f.attname), conn) for f in task_fields]
     params += [db_value(f, getattr(event, f.attname), conn) for f in audit_fields]

@@ -12,7 +12,7 @@ from django.utils import timezone
 from mcptasks import conf, observability
 from mcptasks.db import async_sql, write_conns
 from mcptasks.db import write_pool as dbwrites
-from mcptasks.models import McpSession, Task, TaskStatus, creationsql
+from mcptasks.models import McpSession, Task, TaskStatus, creationsql, instances
 from mcptasks.streams import signals
 from mcptasks.tasks import auditing, idempotency
 from mcptasks.tools.registry import Tool
@@ -36,7 +36,8 @@ def _new_task(
     else:
         ttl = None
         poll = None
-    task = Task(
+    # Built positionally (:mod:`mcptasks.models.instances`): the keyword path was most of this function.
+    task = instances.build(Task, dict(
         kind=kind,
         tenant_id=auth.tenant_id,
         principal_id=auth.principal_id,
@@ -57,7 +58,7 @@ def _new_task(
         idempotency_key=idempotency_key,
         # The creating span, so the worker's spans join this request's trace ("" when off).
         traceparent=observability.current_traceparent(),
-    )
+    ))
     return task, ttl
 
 
