@@ -108,6 +108,14 @@ def read_tenant_row(*, tenant_id: int) -> TenantRow:
     return row
 
 
+def remember_tenant_read(*, tenant_id: int, tenant: Tenant | None, read_at: float) -> TenantRow:
+    """:func:`read_tenant_row` for a tenant read elsewhere (None: no such tenant) at ``read_at``
+    (``time.monotonic()`` before the read): its limit columns, cached."""
+    row = TenantRow(**{name: getattr(tenant, name) for name in _LIMIT_FIELDS}) if tenant is not None else TenantRow()
+    remember_tenant_row(tenant_id=tenant_id, row=row, read_at=read_at)
+    return row
+
+
 def clear_limits_cache() -> None:
     """Forget cached tenant limits (tests; after an edit that must apply at once)."""
     with _lock:

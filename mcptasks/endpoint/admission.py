@@ -29,8 +29,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from channels.db import database_sync_to_async
-
 from mcptasks.audit import watch
 from mcptasks.endpoint import errors
 from mcptasks.endpoint.replies import JsonReply
@@ -38,11 +36,12 @@ from mcptasks.protocol import jsonrpc
 from mcptasks.protocol.dispatch import Dispatcher, Route
 from mcptasks.protocol.errors import INVALID_REQUEST, McpError
 from mcptasks.protocol.messages import TASK_ID_PATTERN
+from mcptasks.tasks import selectors
 from tenants import ratelimit
 from tenants.auth import AuthContext, insufficient_scope
 from tenants.exceptions import QuotaExceeded, RateLimited
 from tenants.infra.coalesce import SingleFlight
-from tenants.selectors import TenantRow, limits_of, read_tenant_row, usable_tenant_row
+from tenants.selectors import TenantRow, limits_of, usable_tenant_row
 
 _TASK_ID = re.compile(TASK_ID_PATTERN)
 
@@ -129,7 +128,7 @@ async def _count(*, auth: AuthContext, op_class: str, polled: str | None) -> boo
 
 
 async def _read_limits(tenant_id: int) -> TenantRow:
-    return await database_sync_to_async(read_tenant_row)(tenant_id=tenant_id)
+    return await selectors.atenant_row(tenant_id=tenant_id)
 
 
 async def failure(

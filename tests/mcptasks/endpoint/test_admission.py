@@ -230,6 +230,7 @@ def test_a_tenant_row_is_re_read_in_the_background_before_it_lapses(
     import threading
     import time
 
+    from mcptasks.tasks import selectors as task_selectors
     from tenants import selectors
     from tenants.models import Tenant
     from tests.support.factories import make_auth
@@ -240,14 +241,14 @@ def test_a_tenant_row_is_re_read_in_the_background_before_it_lapses(
     due = selectors.TenantRow(rate_other_per_min=1000)
     selectors.remember_tenant_row(tenant_id=auth.tenant_id, row=due, read_at=time.monotonic() - 50.0)
     release, reads = threading.Event(), []
-    real = selectors.read_tenant_row
+    real = task_selectors.atenant_row
 
-    def slow_read(*, tenant_id: int) -> selectors.TenantRow:
+    async def slow_read(*, tenant_id: int) -> selectors.TenantRow:
         reads.append(tenant_id)
-        release.wait(10)
-        return real(tenant_id=tenant_id)
+        await asyncio.to_thread(release.wait, 10)
+        return await real(tenant_id=tenant_id)
 
-    monkeypatch.setattr(admission, "read_tenant_row", slow_read)
+    monkeypatch.setattr(task_selectors, "atenant_row", slow_read)
     edit = sync_to_async(lambda: Tenant.objects.filter(pk=auth.tenant_id).update(rate_other_per_min=5))
 
     async def main() -> None:

@@ -350,7 +350,8 @@ async def test_a_missing_scope_is_refused_and_audited(settings: Any) -> None:
 async def test_concurrent_requests_share_one_verification_and_one_limits_read(monkeypatch: Any) -> None:
     """When a token's cached verdict (or a tenant's cached limits) lapses, the requests in flight
     share one database hop instead of each queuing its own on the shared database thread."""
-    from mcptasks.endpoint import admission, gate
+    from mcptasks.endpoint import gate
+    from mcptasks.tasks import selectors as task_selectors
     from tenants import services as tenant_services
     from tenants.auth_cache import cache
     from tenants.selectors import clear_limits_cache
@@ -371,7 +372,13 @@ async def test_concurrent_requests_share_one_verification_and_one_limits_read(mo
 
     monkeypatch.setattr(gate, "authenticate", counting("authenticate", gate.authenticate))
     # The limits are read by the admission pipeline both eras run.
-    monkeypatch.setattr(admission, "read_tenant_row", counting("tenant_row", admission.read_tenant_row))
+    read_limits = task_selectors.atenant_row
+
+    async def counted_read(**kw: Any) -> Any:
+        calls["tenant_row"] += 1
+        return await read_limits(**kw)
+
+    monkeypatch.setattr(task_selectors, "atenant_row", counted_read)
     cache.clear()
     clear_limits_cache()
     responses = await asyncio.gather(*(post(INIT, headers) for _ in range(8)))

@@ -316,7 +316,10 @@ def test_instances_built_from_rows_behave_like_the_orms() -> None:
     have no init signals, and the instances must save, refresh and defer like the ORM's."""
     from django.db.models import signals
 
-    for model in (McpSession, Task, TaskMessage):  # TaskMessage: a listen's pending input requests
+    from tenants.models import Tenant
+
+    # TaskMessage: a listen's pending input requests; Tenant: the limits re-read every second.
+    for model in (McpSession, Task, TaskMessage, Tenant):
         assert not signals.pre_init.has_listeners(model) and not signals.post_init.has_listeners(model)
     owner = make_auth()
     task = make_task(owner)
@@ -330,3 +333,23 @@ def test_instances_built_from_rows_behave_like_the_orms() -> None:
     fast.status_message = "edited"
     fast.save(update_fields=["status_message"])
     assert Task.objects.get(pk=task.pk).status_message == "edited"
+
+
+def test_a_tenants_limits_are_read_as_the_orm_reads_them_and_cached() -> None:
+    """``atenant_row`` (the limits re-read every second by every process) answers what the ORM
+    read answers, for a tenant with limits, one without and an unknown one, and caches it."""
+    from tenants import selectors as tenant_selectors
+    from tenants.models import Tenant
+    from tests.support.factories import make_tenant
+
+    limited = make_tenant(max_concurrent_tasks=7, rate_read_per_min=30, max_ttl_ms=90_000)
+    plain = make_tenant()
+    for tenant_id in (limited.pk, plain.pk, 10**12):
+        tenant_selectors.clear_limits_cache()
+        orm, fast = _both(tenant_selectors.read_tenant_row, selectors.atenant_row, tenant_id=tenant_id)
+        assert fast == orm
+        assert tenant_selectors.cached_tenant_row(tenant_id=tenant_id) == fast  # cached as the ORM read caches
+    assert fast == tenant_selectors.TenantRow()  # an unknown tenant has no limits
+    Tenant.objects.filter(pk=limited.pk).update(max_concurrent_tasks=3)  # another process's edit
+    _, fast = _both(tenant_selectors.read_tenant_row, selectors.atenant_row, tenant_id=limited.pk)
+    assert fast.max_concurrent_tasks == 3 and fast.rate_read_per_min == 30 and fast.max_ttl_ms == 90_000
