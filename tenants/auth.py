@@ -6,7 +6,6 @@ auth context or raises :class:`AuthError` carrying the HTTP status, headers and 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 from typing import Any
@@ -14,6 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from tenants import auth_cache
 from tenants import conf as tenant_conf
+from tenants.auth_fingerprint import token_checksum
 from tenants.conf import (
     DEFAULT_CHALLENGE_SCOPES,
     MCP_SCOPES,
@@ -127,10 +127,11 @@ def forget(key: bytes) -> None:
     auth_cache.cache.drop(key)
 
 
-def remember(key: bytes | None, ctx: AuthContext) -> None:
-    """Keep a verified context for the next requests with the same credential (see auth_cache)."""
+def remember(key: bytes | None, ctx: AuthContext, fingerprint: tuple[Any, ...] | None = None) -> None:
+    """Keep a verified context for the next requests with the same credential (see auth_cache),
+    with the fingerprint of what it was decided from (:mod:`tenants.auth_fingerprint`), if known."""
     if key is not None:
-        auth_cache.cache.put(key, ctx)
+        auth_cache.cache.put(key, ctx, fingerprint)
 
 
 def authenticate(*, headers: dict[str, str], query_string: str, resource_url: str) -> AuthContext:
@@ -201,7 +202,7 @@ def _builtin_token_context(*, token: str, resource_url: str) -> AuthContext:
     from tenants.models import Principal, TenantMembership
     from tenants.services import get_or_create_principal
 
-    checksum = hashlib.sha256(token.encode("utf-8")).hexdigest()
+    checksum = token_checksum(token)
     model = get_access_token_model()
     # One query for the token, its client, the client's tenant link, tenant and principal.
     access = (

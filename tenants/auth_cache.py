@@ -31,7 +31,8 @@ class AuthCache:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._entries: OrderedDict[bytes, tuple[float, AuthContext]] = OrderedDict()
+        # (deadline, verdict, fingerprint of what it was decided from or None: tenants.auth_fingerprint)
+        self._entries: OrderedDict[bytes, tuple[float, AuthContext, tuple[Any, ...] | None]] = OrderedDict()
 
     @staticmethod
     def key(*, authorization: str, resource_url: str) -> bytes:
@@ -62,13 +63,20 @@ class AuthCache:
             self._entries.move_to_end(key)
             return entry[1], refresh_due(left_s=entry[0] - now, ttl_s=conf.get().AUTH_CACHE_S)
 
+    def fingerprint(self, key: bytes) -> tuple[Any, ...] | None:
+        """The fingerprint kept with ``key``'s still valid verdict (None: none, or no verdict)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            return entry[2] if entry is not None and entry[0] > time.time() else None
+
     def drop(self, key: bytes) -> None:
         """Forget ``key``'s entry (its credential was refused when verified again)."""
         with self._lock:
             self._entries.pop(key, None)
 
-    def put(self, key: bytes, ctx: AuthContext) -> None:
-        """Remember ``ctx`` for ``AUTH_CACHE_S``, never past its credential's expiry."""
+    def put(self, key: bytes, ctx: AuthContext, fingerprint: tuple[Any, ...] | None = None) -> None:
+        """Remember ``ctx`` for ``AUTH_CACHE_S``, never past its credential's expiry, with the
+        fingerprint of what it was decided from (:mod:`tenants.auth_fingerprint`), if known."""
         settings = conf.get()
         if settings.AUTH_CACHE_S <= 0 or settings.AUTH_CACHE_MAX_ENTRIES <= 0:
             return
@@ -76,7 +84,7 @@ class AuthCache:
         if ctx.expires_at is not None:
             deadline = min(deadline, ctx.expires_at)
         with self._lock:
-            self._entries[key] = (deadline, ctx)
+            self._entries[key] = (deadline, ctx, fingerprint)
             self._entries.move_to_end(key)
             while len(self._entries) > settings.AUTH_CACHE_MAX_ENTRIES:
                 self._entries.popitem(last=False)

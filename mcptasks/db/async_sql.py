@@ -203,6 +203,13 @@ async def _read(sql: str, params: Sequence[Any], *, all_rows: bool | None) -> An
         raise Unavailable from exc
 
 
+async def fetch_row(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
+    """The first row of ``sql`` (``%s`` placeholders) as a tuple, or None; :class:`Unavailable`
+    as :func:`fetch_one`. For statements of other modules' making (``tenants``' verdict fingerprint)."""
+    row = await _read(sql, params, all_rows=False)
+    return None if row is None else tuple(row)
+
+
 async def fetch_pair(
     first: tuple[type[M], Sequence[str], Sequence[Any]],
     second: tuple[type[N], Sequence[str], Sequence[Any], Sequence[str]],

@@ -16,10 +16,11 @@ from django.http.request import split_domain_port, validate_host
 
 from mcptasks import conf, observability
 from mcptasks.audit import watch
+from mcptasks.db import async_sql as fastreads
 from mcptasks.protocol import jsonrpc, versions
 from mcptasks.protocol.errors import INVALID_REQUEST, McpError, payload_too_large
+from tenants import auth_cache, auth_fingerprint, jwt_issuers
 from tenants import conf as tenant_conf
-from tenants import jwt_issuers
 from tenants.auth import AuthContext, AuthError, authenticate, cached_context_due, forget, remember
 from tenants.conf import tenant_resource
 from tenants.infra.coalesce import SingleFlight
@@ -40,6 +41,18 @@ _CORS_HEADERS: tuple[tuple[bytes, bytes], ...] = (
 #: Verifications of one credential (by its cache key, a digest) under way in this process:
 #: concurrent requests share them.
 _verifications: SingleFlight[bytes, AuthContext] = SingleFlight()
+
+
+async def _fingerprint(token: str, principal_id: int | None) -> tuple[Any, ...] | None:
+    """The fingerprint of what ``token``'s verdict is decided from (None: not on this database,
+    no such token, or the async connection failing: then the verdict is verified in full)."""
+    sql = auth_fingerprint.fingerprint_sql()
+    if sql is None or not fastreads.available():
+        return None
+    try:
+        return await fastreads.fetch_row(sql, [auth_fingerprint.token_checksum(token), principal_id])
+    except fastreads.Unavailable:
+        return None
 
 
 class HttpError(Exception):
@@ -193,7 +206,19 @@ class Gate:
         scheme, _, token = self.header("authorization").strip().partition(" ")
         bearer = token.strip() if scheme.lower() == "bearer" else ""
 
+        previous = ctx
+        # A built-in token's verdict, re-verified while still cached, is kept if nothing it was
+        # decided from changed (tenants.auth_fingerprint): one indexed read on the event loop's
+        # connection instead of an ORM verification on a thread.
+        fingerprinted = key is not None and bool(bearer) and auth_fingerprint.is_builtin(bearer)
+
         async def verify() -> AuthContext:
+            before = None
+            if fingerprinted and key is not None:
+                before = await _fingerprint(bearer, previous.principal_id if previous is not None else None)
+                if previous is not None and before is not None and before == auth_cache.cache.fingerprint(key):
+                    remember(key, previous, before)
+                    return previous
             if bearer:
                 # External JWTs: fetch signing keys here, off the shared database thread, so a
                 # slow identity provider delays only its own tokens.
@@ -205,7 +230,8 @@ class Gate:
                 if key is not None:
                     forget(key)  # verified again in the background and refused: refused from now on
                 raise
-            remember(key, found)
+            after = await _fingerprint(bearer, found.principal_id) if before is not None else None
+            remember(key, found, auth_fingerprint.reusable_after(before, after))
             return found
 
         if ctx is not None:

@@ -425,8 +425,8 @@ async def test_a_verdict_is_verified_again_in_the_background_before_it_lapses(
     cache.clear()
     assert (await post(INIT, headers))["status"] == 200
     monkeypatch.setattr(gate.jwt_issuers, "aprefetch", held)
-    [(key, (_, ctx))] = list(cache._entries.items())
-    cache._entries[key] = (_time.time() + 10.0, ctx)  # the last quarter of its 60 s
+    [(key, (_, ctx, fingerprint))] = list(cache._entries.items())
+    cache._entries[key] = (_time.time() + 10.0, ctx, fingerprint)  # the last quarter of its 60 s
     # Expired by another process (a queryset update sends no signal to clear this one's cache).
     expired = timezone.now() - datetime.timedelta(seconds=1)
     await sync_to_async(get_access_token_model().objects.all().update)(expires=expired)
@@ -443,6 +443,75 @@ async def test_a_verdict_is_verified_again_in_the_background_before_it_lapses(
         await asyncio.sleep(0.01)
     assert cache.get(key) is None
     assert (await post(INIT, headers))["status"] == 401
+
+
+async def test_a_verdict_is_kept_without_a_verification_while_nothing_it_was_decided_from_changed(
+    monkeypatch: Any, settings: Any
+) -> None:
+    """Re-verifying a cached verdict whose inputs are unchanged costs one read on the event loop,
+    not an ORM verification on a thread (issue 27, tenants.auth_fingerprint); an edit made by
+    another process (no signal clears this one's cache) still ends it at the next re-verification."""
+    import time as _time
+
+    from mcptasks.db import async_sql
+    from mcptasks.endpoint import gate
+    from tenants import services as tenant_services
+    from tenants.auth_cache import cache
+    from tenants.models import Tenant
+    from tests.support.factories import make_tenant
+    from tests.support.requirements import require_postgres
+
+    require_postgres()
+    async_sql._failed_until = 0.0
+    settings.MCPTASKS = {**settings.MCPTASKS, "ASYNC_READS": True}
+    settings.TENANTS = {**settings.TENANTS, "AUTH_CACHE_S": 60.0}
+    tenant = await sync_to_async(make_tenant)()
+    token = await sync_to_async(tenant_services.issue_token)(
+        tenant=tenant, principal_name="steady", scopes=["mcp:tools", "mcp:tasks"])
+    headers = [*BASE_HEADERS, (b"authorization", f"Bearer {token}".encode())]
+    verifications: list[int] = []
+    real = gate.authenticate
+
+    def counted(**kw: Any) -> Any:
+        verifications.append(1)
+        return real(**kw)
+
+    monkeypatch.setattr(gate, "authenticate", counted)
+
+    async def due_then_request() -> int:
+        """Put the verdict in the last quarter of its time, send a request, wait for the re-verification."""
+        [(key, (_, ctx, fingerprint))] = list(cache._entries.items())
+        cache._entries[key] = (_time.time() + 10.0, ctx, fingerprint)
+        status = (await post(INIT, headers))["status"]
+        for _ in range(300):
+            entry = cache._entries.get(key)
+            if entry is None or entry[0] > _time.time() + 30:
+                break
+            await asyncio.sleep(0.01)
+        return status
+
+    try:
+        cache.clear()
+        assert async_sql.available()
+        assert (await post(INIT, headers))["status"] == 200
+        assert len(verifications) == 1
+        # The first re-verification is a full one (the first verdict's fingerprint was read
+        # before its principal was known); it keeps the fingerprint for the next ones.
+        assert await due_then_request() == 200
+        assert len(verifications) == 2
+        [(_, (_, _, kept))] = list(cache._entries.items())
+        assert kept is not None
+        for _ in range(3):
+            assert await due_then_request() == 200
+        assert len(verifications) == 2  # nothing changed: the verdict was kept without one
+        # Disabled by another process: the next re-verification sees the change and refuses.
+        await sync_to_async(Tenant.objects.filter(pk=tenant.pk).update)(active=False)
+        assert await due_then_request() == 200  # answered with the verdict while it is re-verified
+        assert len(verifications) == 3
+        assert list(cache._entries.items()) == []
+        assert (await post(INIT, headers))["status"] == 401
+    finally:
+        await async_sql.close()
 
 
 async def _read_sse_until(comm: HttpCommunicator, done: Any, within_s: float) -> tuple[str, bool]:
