@@ -13,9 +13,9 @@ from: the token, its application, the application's tenant link, the tenant's id
 and the principal the verdict named. Whole rows are compared (as digests: no secret's hash is
 kept) where a row holds no counter, so a column added later is covered too; the tenant and
 principals, whose rows carry task counters that change with every task, are compared by the
-columns a verdict reads. A cached verdict whose
-fingerprint is unchanged is still the verdict a full verification would reach; any difference
-(or no row, or no fingerprint) means a full verification.
+columns a verdict reads. A cached verdict whose fingerprint is unchanged is still the verdict a
+full verification would reach; any difference (or no row, or no fingerprint) means a full
+verification.
 
 The fingerprint kept with a verdict is one read before that verdict's own verification and
 found again, unchanged, after it (:func:`reusable_after`): an edit made while a verification
