@@ -16,9 +16,9 @@ from django.http.request import split_domain_port, validate_host
 
 from mcptasks import conf, observability
 from mcptasks.audit import watch
-from mcptasks.db import async_sql as fastreads
 from mcptasks.protocol import jsonrpc, versions
 from mcptasks.protocol.errors import INVALID_REQUEST, McpError, payload_too_large
+from mcptasks.tasks.selectors import atoken_fingerprint
 from tenants import auth_cache, auth_fingerprint, jwt_issuers
 from tenants import conf as tenant_conf
 from tenants.auth import AuthContext, AuthError, authenticate, cached_context_due, forget, remember
@@ -41,18 +41,6 @@ _CORS_HEADERS: tuple[tuple[bytes, bytes], ...] = (
 #: Verifications of one credential (by its cache key, a digest) under way in this process:
 #: concurrent requests share them.
 _verifications: SingleFlight[bytes, AuthContext] = SingleFlight()
-
-
-async def _fingerprint(token: str, principal_id: int | None) -> tuple[Any, ...] | None:
-    """The fingerprint of what ``token``'s verdict is decided from (None: not on this database,
-    no such token, or the async connection failing: then the verdict is verified in full)."""
-    sql = auth_fingerprint.fingerprint_sql()
-    if sql is None or not fastreads.available():
-        return None
-    try:
-        return await fastreads.fetch_row(sql, [auth_fingerprint.token_checksum(token), principal_id])
-    except fastreads.Unavailable:
-        return None
 
 
 class HttpError(Exception):
@@ -215,7 +203,8 @@ class Gate:
         async def verify() -> AuthContext:
             before = None
             if fingerprinted and key is not None:
-                before = await _fingerprint(bearer, previous.principal_id if previous is not None else None)
+                named = previous.principal_id if previous is not None else None
+                before = await atoken_fingerprint(token=bearer, principal_id=named)
                 if previous is not None and before is not None and before == auth_cache.cache.fingerprint(key):
                     remember(key, previous, before)
                     return previous
@@ -230,7 +219,9 @@ class Gate:
                 if key is not None:
                     forget(key)  # verified again in the background and refused: refused from now on
                 raise
-            after = await _fingerprint(bearer, found.principal_id) if before is not None else None
+            after = None
+            if before is not None:
+                after = await atoken_fingerprint(token=bearer, principal_id=found.principal_id)
             remember(key, found, auth_fingerprint.reusable_after(before, after))
             return found
 

@@ -17,6 +17,7 @@ from mcptasks import conf
 from mcptasks.db import async_sql as fastreads
 from mcptasks.models import McpSession, StreamEvent, Task, TaskMessage, WorkerHeartbeat
 from mcptasks.protocol.errors import INVALID_PARAMS, TASK_EXPIRED, TASK_NOT_FOUND, McpError, invalid_params
+from tenants import auth_fingerprint
 from tenants.auth import AuthContext
 from tenants.models import Tenant
 from tenants.selectors import TenantRow, read_tenant_row, remember_tenant_read
@@ -53,6 +54,20 @@ async def atenant_row(*, tenant_id: int) -> TenantRow:
             tenant = await fastreads.fetch_one_batched(Tenant, where=['"id" = %s'], params=[tenant_id])
             return remember_tenant_read(tenant_id=tenant_id, tenant=tenant, read_at=started)
     return await sync_to_async(read_tenant_row)(tenant_id=tenant_id)
+
+
+async def atoken_fingerprint(*, token: str, principal_id: int | None) -> tuple[Any, ...] | None:
+    """The fingerprint of what a built-in ``token``'s verdict naming ``principal_id`` is decided
+    from (:mod:`tenants.auth_fingerprint`), read on the event loop's connection; None off
+    PostgreSQL, for an unknown token, or while the async connection fails (then the verdict is
+    verified in full)."""
+    sql = auth_fingerprint.fingerprint_sql()
+    if sql is None or not fastreads.available():
+        return None
+    try:
+        return await fastreads.fetch_row(sql, [auth_fingerprint.token_checksum(token), principal_id])
+    except fastreads.Unavailable:
+        return None
 
 
 def _live_session(session: McpSession | None, *, auth: AuthContext) -> McpSession | None:
