@@ -13,7 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from tenants import auth_cache
 from tenants import conf as tenant_conf
-from tenants.auth_fingerprint import token_checksum
+from tenants.auth_fingerprint import is_builtin, token_checksum
 from tenants.conf import (
     DEFAULT_CHALLENGE_SCOPES,
     MCP_SCOPES,
@@ -170,7 +170,7 @@ def authenticate(*, headers: dict[str, str], query_string: str, resource_url: st
     if not _B64TOKEN.match(token):
         raise _unauthorized(resource_url=resource_url, message="Malformed bearer token")
 
-    if token.count(".") == 2:
+    if not is_builtin(token):  # an external JWT
         try:
             return verify_external_jwt(token=token, resource_url=resource_url)
         except JwtRejected as exc:

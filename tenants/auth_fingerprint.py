@@ -44,8 +44,9 @@ def token_checksum(token: str) -> str:
 
 
 def is_builtin(token: str) -> bool:
-    """Whether ``token`` is one of the built-in server's (an external JWT has three parts)."""
-    return token.count(".") != 2
+    """Whether a bearer ``token`` is one of the built-in server's (an external JWT has three parts;
+    no token at all is neither)."""
+    return bool(token) and token.count(".") != 2
 
 
 @functools.cache

@@ -197,15 +197,15 @@ class Gate:
         previous = ctx
         # A built-in token's verdict, re-verified while still cached, is kept if nothing it was
         # decided from changed (tenants.auth_fingerprint): one indexed read on the event loop's
-        # connection instead of an ORM verification on a thread.
-        fingerprinted = key is not None and bool(bearer) and auth_fingerprint.is_builtin(bearer)
+        # connection instead of an ORM verification on a thread. A first verification reads no
+        # fingerprint: there is no verdict yet whose principal it would name.
+        fingerprinted = previous is not None and key is not None and auth_fingerprint.is_builtin(bearer)
 
         async def verify() -> AuthContext:
             before = None
-            if fingerprinted and key is not None:
-                named = previous.principal_id if previous is not None else None
-                before = await atoken_fingerprint(token=bearer, principal_id=named)
-                if previous is not None and before is not None and before == auth_cache.cache.fingerprint(key):
+            if fingerprinted and previous is not None and key is not None:
+                before = await atoken_fingerprint(token=bearer, principal_id=previous.principal_id)
+                if before is not None and before == auth_cache.cache.fingerprint(key):
                     remember(key, previous, before)
                     return previous
             if bearer:

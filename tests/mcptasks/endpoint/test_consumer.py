@@ -495,8 +495,8 @@ async def test_a_verdict_is_kept_without_a_verification_while_nothing_it_was_dec
         assert async_sql.available()
         assert (await post(INIT, headers))["status"] == 200
         assert len(verifications) == 1
-        # The first re-verification is a full one (the first verdict's fingerprint was read
-        # before its principal was known); it keeps the fingerprint for the next ones.
+        # The first re-verification is a full one (a first verification keeps no fingerprint);
+        # it keeps the fingerprint for the next ones.
         assert await due_then_request() == 200
         assert len(verifications) == 2
         [(_, (_, _, kept))] = list(cache._entries.items())
