@@ -1,7 +1,8 @@
 """Pagination of the static ``*/list`` results (tools, resources, templates, prompts) of both eras.
 
 A cursor is a signed (offset, list kind) pair: opaque to the client, refused if forged or
-handed to another list.
+handed to another list. It carries no timestamp (nothing reads one), so the same page always has
+the same cursor and two identical requests get identical results.
 """
 
 from __future__ import annotations
@@ -16,18 +17,22 @@ from mcptasks.protocol.errors import invalid_params
 _LIST_SALT = "mcptasks.list"
 
 
+def _signer() -> signing.Signer:
+    return signing.Signer(salt=_LIST_SALT)  # per call: SECRET_KEY is read when it is used
+
+
 def _page(items: list[Any], cursor: str | None, size: int, kind: str) -> tuple[list[Any], str | None]:
     start = 0
     if cursor is not None:
         try:
-            data = signing.loads(cursor, salt=_LIST_SALT)
+            data = _signer().unsign_object(cursor)
         except signing.BadSignature:
             raise invalid_params("Invalid cursor") from None
         if not isinstance(data, dict) or data.get("k") != kind or not isinstance(data.get("o"), int):
             raise invalid_params("Invalid cursor")
         start = data["o"]
     page = items[start : start + size]
-    nxt = signing.dumps({"k": kind, "o": start + size}, salt=_LIST_SALT) if start + size < len(items) else None
+    nxt = _signer().sign_object({"k": kind, "o": start + size}) if start + size < len(items) else None
     return page, nxt
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import types
 from collections.abc import Callable
 
 import pytest
@@ -151,3 +152,15 @@ def test_cursor_of_another_principal_is_refused() -> None:
         selectors.list_tasks(auth=bob, cursor=cursor, page_size=PAGE)
     assert exc.value.code == -32602
     assert exc.value.message == "Invalid cursor"
+
+
+@pytest.mark.django_db
+def test_the_same_page_gets_the_same_cursor_seconds_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    auth = make_auth()
+    for _ in range(PAGE + 1):
+        make_task(auth)
+    cursors = []
+    for now in (1_800_000_000.0, 1_800_000_100.0):
+        monkeypatch.setattr("django.core.signing.time", types.SimpleNamespace(time=lambda now=now: now))
+        cursors.append(selectors.list_tasks(auth=auth, cursor=None, page_size=PAGE).next_cursor)
+    assert cursors[0] and cursors[0] == cursors[1]
