@@ -10,13 +10,15 @@ the service (one tenant, then ``--tenants``) then the peer. Each of the service'
 once its workers have run the previous target's backlog (creation outpaces 2 workers of 50 ms
 tasks). With ``--tenants``, the one-tenant and many-tenant targets run in the order A B B A and
 are compared over both of their runs. Prints creations/s and p50/p99 per level and target, and
-the ratios.
+the ratios. A closed loop of 50 clients measures saturation (each client waits 50 / throughput on
+average); ``--open-rates`` adds open-loop levels that offer a fixed rate, to read the latency at a
+given load.
 
 Usage (PostgreSQL + Redis as in CI)::
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/0 \\
         .venv/bin/python bench/create_load.py [--levels 1,10,50] [--seconds 15] [--procs 4] \\
-        [--tenants 20] [--autovacuum S]
+        [--tenants 20] [--autovacuum S] [--open-rates 150,300 [--open-clients 50]]
 """
 
 from __future__ import annotations
@@ -50,10 +52,13 @@ from tests.support.servers import PRODUCTION_SERVER, WEB_SERVERS  # noqa: E402
 
 
 async def _level(urls: list[str], tokens: list[str], clients: int, seconds: float, *, first: int = 0,
-                 start_at: float | None = None, kind: str = "aiohttp") -> tuple[int, list[float], int]:
+                 start_at: float | None = None, kind: str = "aiohttp", rate: float = 0.0
+                 ) -> tuple[int, list[float], int]:
     """``clients`` closed-loop creators for ``seconds`` (client i uses ``tokens[(first + i) % len]``,
     a tenant each), starting at ``start_at`` (wall clock) if given: (creations, latencies in ms,
-    failures)."""
+    failures). With ``rate`` (creations a second for each client) the loop is open: each client
+    sends on a fixed schedule and a latency counts from the send's scheduled time, so a reply late
+    enough to delay the next send is charged to that one too (no coordinated omission)."""
     latencies: list[float] = []
     failures = 0
     client = make_client(kind, clients * 2)
@@ -66,12 +71,17 @@ async def _level(urls: list[str], tokens: list[str], clients: int, seconds: floa
             await asyncio.sleep(max(0.0, start_at - time.time()))
         stop_at = time.monotonic() + seconds
 
-        async def creator(url: str, headers: dict[str, str]) -> None:
+        async def creator(url: str, headers: dict[str, str], phase: float) -> None:
             nonlocal failures
             rid = 0
+            due = time.monotonic() + phase
             while time.monotonic() < stop_at:
                 rid += 1
-                t0 = time.monotonic()
+                if rate:
+                    await asyncio.sleep(max(0.0, due - time.monotonic()))
+                    t0, due = due, due + 1 / rate
+                else:
+                    t0 = time.monotonic()
                 try:
                     reply = await client.post(url, headers, {
                         "jsonrpc": "2.0", "id": rid, "method": "tools/call",
@@ -85,31 +95,36 @@ async def _level(urls: list[str], tokens: list[str], clients: int, seconds: floa
                         print(f"  creation failed: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr,
                               flush=True)
 
-        await asyncio.gather(*[creator(*s) for s in sessions])
+        # Open loop: the clients' schedules spread evenly over one interval, not in step.
+        # Open loop: the clients' schedules spread over one interval (golden-ratio phases, so
+        # clients of different processes do not fall in step), not all sending at once.
+        await asyncio.gather(*[creator(*s, ((first + i) * 0.6180339887) % 1.0 / rate if rate else 0.0)
+                               for i, s in enumerate(sessions)])
     finally:
         await client.aclose()
     return len(latencies), latencies, failures
 
 
-def _level_proc(args: tuple[list[str], list[str], int, float, int, float, str], queue: Any) -> None:
-    urls, tokens, clients, seconds, first, start_at, kind = args
-    queue.put(asyncio.run(_level(urls, tokens, clients, seconds, first=first, start_at=start_at, kind=kind)))
+def _level_proc(args: tuple[list[str], list[str], int, float, int, float, str, float], queue: Any) -> None:
+    urls, tokens, clients, seconds, first, start_at, kind, rate = args
+    queue.put(asyncio.run(_level(urls, tokens, clients, seconds, first=first, start_at=start_at, kind=kind,
+                                 rate=rate)))
 
 
-def level(urls: list[str], tokens: list[str], clients: int, seconds: float, procs: int, kind: str
-          ) -> tuple[int, list[float], int]:
+def level(urls: list[str], tokens: list[str], clients: int, seconds: float, procs: int, kind: str,
+          rate: float = 0.0) -> tuple[int, list[float], int]:
     """:func:`_level` with the clients spread over up to ``procs`` client processes started
     together (one asyncio process driving 50 connections spent 4 ms of CPU per creation in
     httpx's connection pool, against 1.1 ms at 10: the client, not the server, set the pace)."""
     if procs <= 1 or clients <= 1:
-        return asyncio.run(_level(urls, tokens, clients, seconds, kind=kind))
+        return asyncio.run(_level(urls, tokens, clients, seconds, kind=kind, rate=rate))
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     n = min(procs, clients)
     per = [clients // n + (1 if i < clients % n else 0) for i in range(n)]
     start_at = time.time() + 6.0  # every process has its sessions before the clock starts
     firsts = [sum(per[:i]) for i in range(n)]
-    workers = [ctx.Process(target=_level_proc, args=((urls, tokens, k, seconds, first, start_at, kind), queue))
+    workers = [ctx.Process(target=_level_proc, args=((urls, tokens, k, seconds, first, start_at, kind, rate), queue))
                for k, first in zip(per, firsts, strict=True)]
     for w in workers:
         w.start()
@@ -151,6 +166,11 @@ def main() -> None:
                              "server)")
     parser.add_argument("--client", choices=CLIENTS, default="aiohttp",
                         help="the load generator's HTTP client (bench/loadclient.py)")
+    parser.add_argument("--open-rates", default="",
+                        help="after the closed-loop levels, open-loop levels at --open-clients clients offering "
+                             "these creations a second in all (e.g. 150,300): latency at a given load, not at "
+                             "saturation")
+    parser.add_argument("--open-clients", type=int, default=50)
     parser.add_argument("--autovacuum", type=float, default=0.0, metavar="S",
                         help="stand in for autovacuum every S seconds (see bench/e2e_load.py)")
     args = parser.parse_args()
@@ -175,13 +195,17 @@ def main() -> None:
     peer, peer_url = start_peer()
     targets.append(("peer", [peer_url], [""]))
     try:
-        print(f"creation load: closed loop, {args.seconds:.0f} s per level and target, demo_sleep 50 ms tasks; "
+        print(f"creation load: {args.seconds:.0f} s per level and target (closed loops unless said), demo_sleep 50 ms tasks; "
               f"service: 2 {args.server} + 2 workers x {args.concurrency}; peer: mcp SDK, 1 uvicorn; "
               f"{os.cpu_count()} CPUs; client {args.client}; PostgreSQL autovacuum {server_autovacuum(dsn)}"
               + (f", stand-in every {args.autovacuum:g} s" if standin else ""),
               flush=True)
-        for clients in (int(x) for x in args.levels.split(",")):
+        plan = [(int(x), 0.0) for x in args.levels.split(",") if x]
+        plan += [(args.open_clients, float(x)) for x in args.open_rates.split(",") if x]
+        for clients, offered in plan:
             got = {}
+            if offered:
+                print(f"  open loop: {clients} clients offering {offered:g} creations/s in all", flush=True)
             runs: dict[str, tuple[int, list[float]]] = {}
             for name, target, toks in targets:
                 if name != "peer":
@@ -190,7 +214,8 @@ def main() -> None:
                         print(f"  (waited {waited:.0f} s for the service's backlog to drain)", flush=True)
                 roles = {**pids, "postgres": _pg_backends(dsn)} if name != "peer" else {}
                 ticks = _cpu_ticks([pid for group in roles.values() for pid in group])
-                n, lat, failed = level(target, toks, clients, args.seconds, args.procs, args.client)
+                n, lat, failed = level(target, toks, clients, args.seconds, args.procs, args.client,
+                                       offered / clients)
                 after = _cpu_ticks(list(ticks))
                 load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
                 # Over the whole target (its clients' set-up included): to compare targets, not absolute.
