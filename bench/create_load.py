@@ -195,7 +195,8 @@ def main() -> None:
     peer, peer_url = start_peer()
     targets.append(("peer", [peer_url], [""]))
     try:
-        print(f"creation load: {args.seconds:.0f} s per level and target (closed loops unless said), demo_sleep 50 ms tasks; "
+        print(f"creation load: {args.seconds:.0f} s per level and target (closed loops unless said), "
+              "demo_sleep 50 ms tasks; "
               f"service: 2 {args.server} + 2 workers x {args.concurrency}; peer: mcp SDK, 1 uvicorn; "
               f"{os.cpu_count()} CPUs; client {args.client}; PostgreSQL autovacuum {server_autovacuum(dsn)}"
               + (f", stand-in every {args.autovacuum:g} s" if standin else ""),
