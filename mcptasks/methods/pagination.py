@@ -1,8 +1,7 @@
 """Pagination of the static ``*/list`` results (tools, resources, templates, prompts) of both eras.
 
-A cursor is a signed (offset, list kind) pair: opaque to the client, refused if forged or
-handed to another list. It carries no timestamp (nothing reads one), so the same page always has
-the same cursor and two identical requests get identical results.
+A cursor (:mod:`mcptasks.tasks.cursors`) is a signed (offset, list kind) pair: opaque to the
+client, refused if forged or handed to another list.
 """
 
 from __future__ import annotations
@@ -10,29 +9,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from django.core import signing
-
 from mcptasks.protocol.errors import invalid_params
+from mcptasks.tasks import cursors
 
 _LIST_SALT = "mcptasks.list"
-
-
-def _signer() -> signing.Signer:
-    return signing.Signer(salt=_LIST_SALT)  # per call: SECRET_KEY is read when it is used
 
 
 def _page(items: list[Any], cursor: str | None, size: int, kind: str) -> tuple[list[Any], str | None]:
     start = 0
     if cursor is not None:
-        try:
-            data = _signer().unsign_object(cursor)
-        except signing.BadSignature:
-            raise invalid_params("Invalid cursor") from None
-        if not isinstance(data, dict) or data.get("k") != kind or not isinstance(data.get("o"), int):
+        data = cursors.read(cursor, salt=_LIST_SALT)
+        if data.get("k") != kind or not isinstance(data.get("o"), int):
             raise invalid_params("Invalid cursor")
         start = data["o"]
     page = items[start : start + size]
-    nxt = _signer().sign_object({"k": kind, "o": start + size}) if start + size < len(items) else None
+    nxt = cursors.sign({"k": kind, "o": start + size}, salt=_LIST_SALT) if start + size < len(items) else None
     return page, nxt
 
 

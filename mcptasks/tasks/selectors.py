@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.core import signing
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
@@ -17,6 +16,7 @@ from mcptasks import conf
 from mcptasks.db import async_sql as fastreads
 from mcptasks.models import McpSession, StreamEvent, Task, TaskMessage, WorkerHeartbeat
 from mcptasks.protocol.errors import INVALID_PARAMS, TASK_EXPIRED, TASK_NOT_FOUND, McpError, invalid_params
+from mcptasks.tasks import cursors
 from tenants import auth_fingerprint
 from tenants.auth import AuthContext
 from tenants.models import Tenant
@@ -267,16 +267,12 @@ def _page(rows: list[Task], *, page_size: int, auth: AuthContext) -> TaskPage:
 
 
 def _encode_cursor(seq: int, *, auth: AuthContext) -> str:
-    # No timestamp (nothing reads one): the same page always has the same cursor.
-    return signing.Signer(salt=_CURSOR_SALT).sign_object({"s": seq, "p": auth.principal_id})
+    return cursors.sign({"s": seq, "p": auth.principal_id}, salt=_CURSOR_SALT)
 
 
 def _decode_cursor(cursor: str, *, auth: AuthContext) -> int:
-    try:
-        data = signing.Signer(salt=_CURSOR_SALT).unsign_object(cursor)
-    except signing.BadSignature:
-        raise invalid_params("Invalid cursor") from None
-    if not isinstance(data, dict) or data.get("p") != auth.principal_id or not isinstance(data.get("s"), int):
+    data = cursors.read(cursor, salt=_CURSOR_SALT)
+    if data.get("p") != auth.principal_id or not isinstance(data.get("s"), int):
         raise invalid_params("Invalid cursor")
     return int(data["s"])
 

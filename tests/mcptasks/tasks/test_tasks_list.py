@@ -164,3 +164,19 @@ def test_the_same_page_gets_the_same_cursor_seconds_later(monkeypatch: pytest.Mo
         monkeypatch.setattr("django.core.signing.time", types.SimpleNamespace(time=lambda now=now: now))
         cursors.append(selectors.list_tasks(auth=auth, cursor=None, page_size=PAGE).next_cursor)
     assert cursors[0] and cursors[0] == cursors[1]
+
+
+@pytest.mark.django_db
+def test_a_cursor_from_before_the_upgrade_continues_the_walk() -> None:
+    from django.core import signing
+
+    auth = make_auth()
+    for _ in range(PAGE + 1):
+        make_task(auth)
+    first = selectors.list_tasks(auth=auth, cursor=None, page_size=PAGE)
+    assert first.next_cursor
+    # The format cursors had before they lost their timestamp (signed with the same key and salt).
+    seq = selectors._decode_cursor(first.next_cursor, auth=auth)
+    old = signing.dumps({"s": seq, "p": auth.principal_id}, salt=selectors._CURSOR_SALT, compress=False)
+    rest = selectors.list_tasks(auth=auth, cursor=old, page_size=PAGE)
+    assert len(rest.tasks) == 1 and rest.next_cursor is None
