@@ -118,16 +118,16 @@ def shared_issuers_name_their_tenant(app_configs: Any = None, **kwargs: Any) -> 
 
     from tenants.models import ExternalIssuer
 
-    if not _issuer_table_exists():
-        return []  # before migrate
     try:
+        if not _issuer_table_exists():
+            return []  # before migrate: no query on a table that is not there
         shared = _issuers_of_several_tenants()
         bad = sorted(
             set(ExternalIssuer.objects.filter(active=True, issuer__in=shared, tenant_claim="")
                 .values_list("issuer", flat=True))
         )
     except DatabaseError:
-        return []  # no tables yet (before migrate)
+        return []  # the database unreachable: nothing to check the rows against
     return [
         Error(
             f"External issuer {iss!r} is trusted by several tenants, not all of which name a tenant claim.",
@@ -146,13 +146,13 @@ def issuer_rows_never_share_a_token(app_configs: Any = None, **kwargs: Any) -> l
 
     from tenants.models import ExternalIssuer
 
-    if not _issuer_table_exists():
-        return []  # before migrate
     try:
+        if not _issuer_table_exists():
+            return []  # before migrate: no query on a table that is not there
         shared = _issuers_of_several_tenants()
         rows = list(ExternalIssuer.objects.filter(active=True, issuer__in=shared).select_related("tenant"))
     except DatabaseError:
-        return []  # no tables yet (before migrate)
+        return []  # the database unreachable: nothing to check the rows against
     bad: set[str] = set()
     for i, row in enumerate(rows):
         if any(o.tenant_id != row.tenant_id and row.overlaps(o) for o in rows[i + 1:]):

@@ -25,3 +25,15 @@ def test_issuer_checks_read_the_table_once_it_exists() -> None:
     with CaptureQueriesContext(connection) as sent:
         assert checks.shared_issuers_name_their_tenant() == []
     assert [q for q in sent.captured_queries if "tenants_externalissuer" in q["sql"]]
+
+
+@pytest.mark.django_db
+def test_issuer_checks_report_nothing_while_the_database_is_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.db import OperationalError
+
+    def unreachable(self: object, *args: object, **kwargs: object) -> list[str]:
+        raise OperationalError("connection refused")
+
+    monkeypatch.setattr(type(connection.introspection), "table_names", unreachable)
+    assert checks.shared_issuers_name_their_tenant() == []
+    assert checks.issuer_rows_never_share_a_token() == []
