@@ -52,6 +52,8 @@ DEFAULT_DELIVERY = {
 #: (it prints query strings, where a misplaced token would reach the log).
 #: The documented production web server (docs/operations.md), as the deployment tests run it.
 PRODUCTION_SERVER = "uvicorn"
+#: uvicorn's ``--http`` in the documented command: one write per response (docs/operations.md).
+UVICORN_PROTOCOL = "mcptasks.processes.uvicorn_http:HttpToolsProtocol"
 
 WEB_SERVERS = {
     "daphne": lambda port: ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "mcptasks.asgi:application"],
@@ -61,7 +63,13 @@ WEB_SERVERS = {
     ],
     "uvicorn": lambda port: [
         "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port), "--lifespan", "off", "--no-proxy-headers",
-        "--no-access-log", "--no-server-header", "mcptasks.asgi:application",
+        "--no-access-log", "--no-server-header", "--http", UVICORN_PROTOCOL, "mcptasks.asgi:application",
+    ],
+    # uvicorn's own httptools protocol (a response's head and body in two writes), for the benches
+    # that compare it with the documented one.
+    "uvicorn-stock": lambda port: [
+        "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port), "--lifespan", "off", "--no-proxy-headers",
+        "--no-access-log", "--no-server-header", "--http", "httptools", "mcptasks.asgi:application",
     ],
 }
 
