@@ -10,7 +10,7 @@ command -v wrk >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install
     || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q wrk >/dev/null; }
 # The other ASGI servers measured (daphne comes with the project).
 .venv/bin/python -c "import granian, uvicorn" 2>/dev/null \
-    || .venv/bin/python -m pip install -q "granian>=2,<3" "uvicorn[standard]>=0.30"
+    || .venv/bin/python -m pip install -q "granian>=2,<3" "uvicorn[standard]>=0.36,<0.55"
 .venv/bin/python bench/tasks_get.py "$@"
 # (c) a status change in a worker to the notification at a client of another web process.
 .venv/bin/python bench/notify_latency.py 10 20
