@@ -119,3 +119,20 @@ async def test_a_refused_request_is_answered_before_the_connection_closes() -> N
     transport = await _serve(HttpToolsProtocol, _answer(b"{}"), request=b"NOT HTTP AT ALL\r\n\r\n")
     assert transport.closed
     assert len(transport.writes) == 1 and transport.writes[0].startswith(b"HTTP/1.1 400")
+
+
+def test_every_documented_uvicorn_command_names_the_protocol() -> None:
+    """The docs' web commands and the tests' uvicorn run the same protocol, which imports."""
+    from pathlib import Path
+
+    from uvicorn.importer import import_from_string
+
+    from tests.support.servers import UVICORN_PROTOCOL, WEB_SERVERS
+
+    assert import_from_string(UVICORN_PROTOCOL) is HttpToolsProtocol
+    assert WEB_SERVERS["uvicorn"](8000)[-3:-1] == ["--http", UVICORN_PROTOCOL]
+    docs = Path(__file__).resolve().parents[3] / "docs"
+    commands = [line for page in ("operations.md", "overview.md", "workers.md")
+                for line in (docs / page).read_text().splitlines() if "uvicorn --host" in line]
+    assert len(commands) >= 4
+    assert all(f"--http {UVICORN_PROTOCOL} " in line for line in commands)
