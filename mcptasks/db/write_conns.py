@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -57,9 +58,74 @@ def available() -> bool:
     return app.WRITE_THREADS > 0 and app.DB_POOLER == "none" and async_sql.available()
 
 
-async def _pool() -> Any:
+def _raise_if_cancelled() -> None:
+    """Raise the cancellation of the current task that something below swallowed."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+class _CancellableQueue:
+    """A pool worker's job queue that ends the worker once its task has been cancelled.
+
+    psycopg_pool's maintenance worker catches ``CancelledError`` around each job, and its
+    connection attempt does too (logged as ``error connecting in 'mcptasks-writes': `` with no
+    text): a cancellation that arrives while the pool connects is swallowed, and the worker waits
+    for its next job forever. An event loop that shut down then (a SIGTERM while PostgreSQL was
+    being reconnected to, a test's loop closing while its pool still opened) never finished.
+    The cancellation is still recorded on the task (``Task.cancelling``): asked for the next job,
+    this queue raises it where nothing catches it.
+    """
+
+    __slots__ = ("_queue",)
+
+    def __init__(self, queue: Any) -> None:
+        self._queue = queue
+
+    async def get(self) -> Any:
+        _raise_if_cancelled()
+        return await self._queue.get()
+
+
+class _CancellableEvent(asyncio.Event):
+    """The pool scheduler's wake-up event, raising a cancellation its wait swallowed.
+
+    The scheduler waits with ``asyncio.wait_for``, which on Python 3.11 returns normally when the
+    event is set in the same pass as the task is cancelled (the retry a swallowed connection
+    attempt schedules sets it): the scheduler then waited on, and the loop's shutdown with it.
+    """
+
+    async def wait_timeout(self, delay: float) -> bool:
+        _raise_if_cancelled()
+        try:
+            await asyncio.wait_for(self.wait(), delay)
+            woken = True
+        except TimeoutError:
+            woken = False
+        _raise_if_cancelled()
+        return woken
+
+
+@functools.cache
+def _pool_class() -> type[Any]:
+    """psycopg_pool's AsyncConnectionPool whose background tasks end when cancelled (see
+    :class:`_CancellableQueue` and :class:`_CancellableEvent`)."""
     from psycopg_pool import AsyncConnectionPool
 
+    class Pool(AsyncConnectionPool):
+        def _start_workers(self) -> None:
+            # open() has just made the scheduler: nothing waits on its event yet.
+            self._sched._event = _CancellableEvent()  # type: ignore[assignment]  # the same interface
+            super()._start_workers()
+
+        @classmethod
+        async def worker(cls, q: Any) -> None:
+            await super().worker(_CancellableQueue(q))  # type: ignore[arg-type]  # only get() is used
+
+    return Pool
+
+
+async def _pool() -> Any:
     loop = asyncio.get_running_loop()
     pool = _pools.get(loop)
     if pool is None:
@@ -71,7 +137,7 @@ async def _pool() -> Any:
             conn.adapters.register_loader("timestamptz", async_sql.utc_timestamptz_loader())
             opened.add(conn)
 
-        pool = AsyncConnectionPool(
+        pool = _pool_class()(
             kwargs={**async_sql.conninfo(), "connect_timeout": 5},
             min_size=1,
             max_size=max(1, app.WRITE_THREADS),

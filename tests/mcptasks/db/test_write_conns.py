@@ -298,3 +298,23 @@ def test_a_lock_timeout_fails_the_whole_batch_and_writes_nothing(monkeypatch: py
         outcomes = run_closing(race)
     assert all(isinstance(o, OperationalError) for o in outcomes), outcomes
     assert _probe_rows() == []
+
+
+def test_an_event_loop_that_ends_while_its_pool_connects_still_ends() -> None:
+    """psycopg_pool's worker swallowed the cancellation of a connection attempt and waited for
+    its next job forever: a loop shut down while its pool connected (a SIGTERM during a database
+    reconnection, a test's loop) never finished (a CI run hung in a test's teardown for 300 s)."""
+
+    async def main() -> None:
+        pool = await write_conns._pool()
+        while not pool.get_stats().get("connections_num"):
+            await asyncio.sleep(0)  # until the first connection attempt is under way
+
+    ended = threading.Event()
+
+    def run() -> None:
+        asyncio.run(main())
+        ended.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert ended.wait(15), "the event loop never finished shutting down"
