@@ -55,22 +55,23 @@ PRODUCTION_SERVER = "uvicorn"
 #: uvicorn's ``--http`` in the documented command: one write per response (docs/operations.md).
 UVICORN_PROTOCOL = "mcptasks.processes.uvicorn_http:HttpToolsProtocol"
 
+
+def _uvicorn(port: int, protocol: str) -> list[str]:
+    """uvicorn as documented (see above), with ``protocol`` as its ``--http``."""
+    return ["-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port), "--lifespan", "off", "--no-proxy-headers",
+            "--no-access-log", "--no-server-header", "--http", protocol, "mcptasks.asgi:application"]
+
+
 WEB_SERVERS = {
     "daphne": lambda port: ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "mcptasks.asgi:application"],
     "granian": lambda port: [
         "-m", "granian", "--interface", "asginl", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
         "mcptasks.asgi:application",
     ],
-    "uvicorn": lambda port: [
-        "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port), "--lifespan", "off", "--no-proxy-headers",
-        "--no-access-log", "--no-server-header", "--http", UVICORN_PROTOCOL, "mcptasks.asgi:application",
-    ],
+    "uvicorn": lambda port: _uvicorn(port, UVICORN_PROTOCOL),
     # uvicorn's own httptools protocol (a response's head and body in two writes), for the benches
     # that compare it with the documented one.
-    "uvicorn-stock": lambda port: [
-        "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port), "--lifespan", "off", "--no-proxy-headers",
-        "--no-access-log", "--no-server-header", "--http", "httptools", "mcptasks.asgi:application",
-    ],
+    "uvicorn-stock": lambda port: _uvicorn(port, "httptools"),
 }
 
 
