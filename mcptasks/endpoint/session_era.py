@@ -26,12 +26,22 @@ from mcptasks.endpoint.replies import JsonReply, Reply
 from mcptasks.methods.era2025 import OpenStream, RequestContext, StreamReply, dispatcher
 from mcptasks.protocol import jsonrpc, versions
 from mcptasks.protocol.messages import CLIENT_NOTIFICATIONS, TASK_ID_PATTERN, CancelledNotificationParams
-from mcptasks.tasks import messages, selectors, sessions, transitions
+from mcptasks.tasks import messages, selectors, session_memory, sessions, transitions
 from tenants.auth import AuthContext
 
 logger = logging.getLogger(__name__)
 
 _TASK_ID = re.compile(TASK_ID_PATTERN)
+
+#: What the handlers raise that is answered here: the error table's, and a session found gone
+#: by the write of a request that used it unread (404, as for a session never found).
+_PASSTHROUGH = (*PASSTHROUGH, session_memory.SessionGone)
+
+
+def creates_task(msg: Any) -> bool:
+    """Whether ``msg`` is a task-augmented ``tools/call`` (its params name a ``task``)."""
+    return (isinstance(msg, jsonrpc.JSONRPCRequest) and msg.method == "tools/call" and isinstance(msg.params, dict)
+            and isinstance(msg.params.get("task"), dict))
 
 
 def read_task_id(msg: Any) -> str | None:
@@ -44,18 +54,27 @@ def read_task_id(msg: Any) -> str | None:
 
 async def load_session(
     gate: Gate, *, auth: AuthContext, required: bool = True, task_id: str | None = None, status_only: bool = False,
+    creates: bool = False,
 ) -> tuple[Any, selectors.SessionAndTask | None]:
     """The request's session (400 without the header, 404 if it is not the caller's live one),
     and the task it names when read in the same round trip.
 
     ``task_id``: the request reads that task (``tasks/get``, ``tasks/result``); it is read with
     the session where possible and kept for the handler (``RequestContext.prefetched``).
+    ``creates``: the request creates a task (:func:`creates_task`); a session this process read
+    live before may then be used unread (:func:`mcptasks.tasks.session_memory.remembered_session`).
     """
     sid = gate.header("mcp-session-id")
     if not sid:
         if required:
             raise HttpError(400, "Bad Request: Mcp-Session-Id header is required")
         return None, None
+    if creates:
+        # A task creation's statement checks its session is live when it writes: the session
+        # this process last read live is enough to go on with (one round trip, not two).
+        remembered = session_memory.remembered_session(session_id=sid, auth=auth)
+        if remembered is not None and not sessions.session_needs_touch(session=remembered):
+            return remembered, None
     both = None
     if task_id is not None:
         both = await selectors.aget_session_and_task(
@@ -63,9 +82,11 @@ async def load_session(
         )
     session = both.session if both is not None else await selectors.aget_session(session_id=sid, auth=auth)
     if session is None:
+        session_memory.forget_session(sid)
         raise HttpError(404, "Session not found")
     if sessions.session_needs_touch(session=session):
         await database_sync_to_async(sessions.touch_session)(session=session)
+    session_memory.remember_session(session)
     return session, both
 
 
@@ -78,7 +99,8 @@ async def handle(
         # Everything but initialize (which always opens a new session) needs the session
         # initialize opened (spec: 400 without the header).
         status_only = isinstance(msg, jsonrpc.JSONRPCRequest) and msg.method == "tasks/get"
-        session, prefetched = await load_session(gate, auth=auth, task_id=read_task_id(msg), status_only=status_only)
+        session, prefetched = await load_session(gate, auth=auth, task_id=read_task_id(msg), status_only=status_only,
+                                                 creates=creates_task(msg))
     if isinstance(msg, jsonrpc.JSONRPCNotification):
         await notify(session, msg)
         return JsonReply(202)
@@ -148,8 +170,11 @@ async def serve(
     try:
         known = admitted.route is not None
         with observability.rpc_span(msg.method, msg.params, auth=auth, known=known) as span:
-            result = await dispatcher.dispatch(ctx, msg.method, msg.params, passthrough=PASSTHROUGH)
+            result = await dispatcher.dispatch(ctx, msg.method, msg.params, passthrough=_PASSTHROUGH)
             observability.note_task(span, result)
+    except session_memory.SessionGone:
+        session_memory.forget_session(session.pk)
+        raise HttpError(404, "Session not found") from None
     except UNAVAILABLE:
         raise  # answered (503) where every database outage is
     except Exception as exc:

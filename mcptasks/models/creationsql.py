@@ -19,6 +19,7 @@ from django.db.models import Field
 from mcptasks.db import wakeups, write_conns
 from mcptasks.models import instances
 from mcptasks.models.audit import AuditEvent
+from mcptasks.models.sessions import McpSession
 from mcptasks.models.tasks import Task
 from tenants import quotas
 
@@ -99,6 +100,11 @@ def _build(*, counted: bool) -> tuple[str, list[Field[Any, Any]], list[Field[Any
             ctes, may_insert = quotas.one_statement_uncounted_sql(tenant="$1", principal="$2", fallback="$3")
         task_cols = ", ".join(quote(str(f.column)) for f in task_fields)
         audit_cols = ", ".join(quote(str(f.column)) for f in audit_fields)
+        if not counted:
+            # The task's session is live and the caller's ($4 is the first task value).
+            at = 4 + [f.attname for f in task_fields].index("session_id")
+            may_insert += " AND " + _live_session_sql(f"CAST(${at} AS varchar)", tenant="CAST($1 AS BIGINT)",
+                                                      principal="CAST($2 AS BIGINT)")
         # Identifiers come from the models' metadata; every value is a bound parameter.
         sql = (
             f"WITH {ctes}, "  # noqa: S608
@@ -112,6 +118,18 @@ def _build(*, counted: bool) -> tuple[str, list[Field[Any, Any]], list[Field[Any
         sql += f", (SELECT pg_notify('{wakeups.CHANNEL}', '') FROM created)"  # noqa: S608 (a constant)
         found = _statements[counted] = (sql, task_fields, audit_fields, conn)
     return found
+
+
+def _live_session_sql(session_id: str, *, tenant: str, principal: str) -> str:
+    """The condition that the session ``session_id`` (an SQL expression) is live and owned by
+    ``tenant`` and ``principal``, as :func:`mcptasks.tasks.selectors.get_session` decides: an
+    uncounted creation checks it as it inserts, so its caller may skip reading the session
+    (:func:`mcptasks.tasks.session_memory.remembered_session`)."""
+    quote = connections["default"].ops.quote_name
+    # Identifiers come from the model's metadata; the arguments are the caller's SQL expressions.
+    return (f"EXISTS (SELECT 1 FROM {quote(McpSession._meta.db_table)} s WHERE s.{quote('id')} = {session_id} "  # noqa: S608
+            f"AND s.{quote('ended_at')} IS NULL AND s.{quote('tenant_id')} = {tenant} "
+            f"AND s.{quote('principal_id')} = {principal})")
 
 
 _many: dict[int, str] = {}
@@ -147,9 +165,12 @@ def _build_many(n: int) -> str:
         task_cols = ", ".join(quote(str(f.column)) for f in task_fields)
         audit_cols = ", ".join(quote(str(f.column)) for f in audit_fields)
         # Identifiers come from the models' metadata; every value is a bound parameter.
-        ok = quotas.uncounted_rows_sql(rows="v", tenant="tenant_", principal="principal_", fallback="fallback_")
+        ok = quotas.uncounted_rows_sql(rows="live", tenant="tenant_", principal="principal_", fallback="fallback_")
+        session = task_names[[f.attname for f in task_fields].index("session_id")]
         found = _many[n] = (
             f"WITH v (ord_, {', '.join(names)}) AS (VALUES {rows}), "  # noqa: S608
+            f"live AS (SELECT * FROM v WHERE "
+            f"{_live_session_sql(f'v.{session}', tenant='v.tenant_', principal='v.principal_')}), "
             f"ok AS ({ok}), "
             f"created AS (INSERT INTO {quote(Task._meta.db_table)} ({task_cols}) "
             f"SELECT {', '.join(task_names)} FROM ok ORDER BY ord_ ON CONFLICT DO NOTHING "
@@ -186,8 +207,9 @@ async def insert_task(*, task: Task, audit_data: dict[str, Any], fallback_limit:
     roll back another's creations.
 
     False when the statement made no decision it may make alone: the tenant is unknown, full,
-    or has a per-principal limit (nothing was written; the caller asks the ORM path, which
-    decides and names the limit). On True, ``task`` is the saved row. Raises what
+    or has a per-principal limit, or (uncounted) the task's session is not the caller's live one
+    (nothing was written; the caller asks the ORM path, which decides and names the limit, after
+    reading a session it had not read). On True, ``task`` is the saved row. Raises what
     :func:`mcptasks.db.write_conns.execute` raises.
     """
     sql, task_fields, audit_fields, conn = _build(counted=counted)

@@ -14,7 +14,7 @@ from mcptasks.db import async_sql, write_conns
 from mcptasks.db import write_pool as dbwrites
 from mcptasks.models import McpSession, Task, TaskStatus, creationsql, instances
 from mcptasks.streams import signals
-from mcptasks.tasks import auditing, idempotency
+from mcptasks.tasks import auditing, idempotency, selectors, session_memory
 from mcptasks.tools.registry import Tool
 from tenants import quotas
 from tenants.auth import AuthContext
@@ -134,11 +134,19 @@ async def acreate_task(
     while Python runs. Whatever that statement does not settle (the tenant's limits not cached
     yet, a per-principal limit, a refusal, a retried idempotency key, the async path failing
     before anything was sent) is made by :func:`create_task` on a write thread, which decides it.
+
+    ``session`` may be one this process remembered rather than read for this request
+    (:func:`mcptasks.tasks.session_memory.remembered_session`): the uncounted statement inserts only
+    while it is the caller's live session, and every other path reads it first. Raises
+    :class:`~mcptasks.tasks.session_memory.SessionGone` when such a session is found gone.
     """
     kwargs: dict[str, Any] = {
         "auth": auth, "session": session, "tool": tool, "arguments": arguments, "request_id": request_id,
         "progress_token": progress_token, "requested_ttl_ms": requested_ttl_ms, "idempotency_key": idempotency_key,
     }
+    # A session remembered, not read, for this request (session_memory.remembered_session): the
+    # uncounted statement checks it is live as it inserts; every other path reads it first.
+    unread = session_memory.session_unread(session)
     row = cached_tenant_row(tenant_id=auth.tenant_id) if write_conns.available() else None
     if row is not None:
         limits = limits_of(row)
@@ -148,6 +156,9 @@ async def acreate_task(
             stream_id=None, idempotency_key=idempotency_key, limits=limits,
         )
         counted = limits.max_concurrent_tasks is not None or limits.max_concurrent_tasks_per_principal is not None
+        if counted and unread:
+            await _read_session(session=session, auth=auth)
+            unread = False
         try:
             # The statement wakes the workers itself (pg_notify, delivered on commit).
             if await creationsql.insert_task(task=task, audit_data={"tool": tool.name, "ttl": ttl},
@@ -159,7 +170,16 @@ async def acreate_task(
             if idempotency_key is None:
                 # The statement may have committed: only a keyed creation can safely be made again.
                 raise OperationalError("the database connection failed during the task's creation") from None
+    if unread:
+        # Not created by the statement, which may be because the session is gone.
+        await _read_session(session=session, auth=auth)
     return await dbwrites.run(create_task, kind=Task.Kind.TASK, **kwargs)
+
+
+async def _read_session(*, session: McpSession, auth: AuthContext) -> None:
+    """Read ``session`` now: :class:`~mcptasks.tasks.session_memory.SessionGone` unless it is the caller's live one."""
+    if await selectors.aget_session(session_id=session.pk, auth=auth) is None:
+        raise session_memory.SessionGone(session.pk)
 
 
 def _idempotent_match(*, auth: AuthContext, key: str, tool: Tool, arguments: dict[str, Any]) -> Task | None:

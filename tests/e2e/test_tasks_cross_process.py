@@ -128,3 +128,19 @@ def test_tasks_result_stream_can_be_resumed_with_last_event_id_on_other_process(
     msg: dict[str, Any] | None = resumed.message
     assert msg is not None and "result" in msg, msg
     assert msg["result"]["content"] == [{"type": "text", "text": "Slept for 1500 ms"}]
+
+
+def test_a_session_ended_on_a_gets_no_task_on_b(clients: tuple[McpClient, McpClient]) -> None:
+    """B remembers the session its creations read (issue 27: a creation then skips that read);
+    a DELETE of the session on A, which B does not hear of, still refuses B's next creation."""
+    a, b = clients
+    for _ in range(2):  # B reads the session, then uses what it remembers
+        b.call_task("demo_sleep", {"ms": 1})
+    ended = a.http.delete(a.url, headers=a.headers())
+    assert ended.status_code == 204
+    refused = b.http.post(b.url, headers=b.headers(), json={
+        "jsonrpc": "2.0", "id": 99, "method": "tools/call",
+        "params": {"name": "demo_sleep", "arguments": {"ms": 1}, "task": {"ttl": 60_000}}})
+    assert refused.status_code == 404, refused.text
+    listed = b.http.post(b.url, headers=b.headers(), json={"jsonrpc": "2.0", "id": 100, "method": "ping"})
+    assert listed.status_code == 404

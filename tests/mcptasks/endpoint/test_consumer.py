@@ -18,6 +18,7 @@ from asgiref.sync import (
 )
 from channels.testing import HttpCommunicator
 from django.db import connection
+from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -130,6 +131,33 @@ async def test_requests_after_initialize_need_a_known_session() -> None:
     assert missing["status"] == 400
     unknown = [*BASE_HEADERS, (b"mcp-session-id", b"nope")]
     assert (await post({"jsonrpc": "2.0", "id": 2, "method": "ping"}, unknown))["status"] == 404
+
+
+async def test_a_creation_on_a_session_ended_by_another_process_is_refused(settings: Any) -> None:
+    """A task creation may use the session this process last read live, unread (issue 27): a
+    session another process ended since (its DELETE, which this one cannot hear of) still
+    gets 404 and no task, as a session read for the request would."""
+    from mcptasks.db import async_sql
+    from mcptasks.models import McpSession, Task
+    from mcptasks.tasks import session_memory
+    from tests.support.requirements import require_postgres
+
+    require_postgres()
+    async_sql._failed_until = 0.0
+    settings.MCPTASKS = {**settings.MCPTASKS, "ASYNC_READS": True}
+    headers = await initialize()
+    sid = dict(headers)[b"mcp-session-id"].decode()
+    create = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+              "params": {"name": "demo_sleep", "arguments": {"ms": 1}, "task": {"ttl": 60_000}}}
+    first = await post(create, headers)
+    assert first["status"] == 200 and "task" in json.loads(first["body"])["result"]
+    assert session_memory._remembered.rows.get(sid) is not None, "the session read for the first creation is remembered"
+    ended = await sync_to_async(McpSession.objects.filter(pk=sid).update)(ended_at=timezone.now())
+    assert ended == 1
+    second = await post({**create, "id": 3}, headers)
+    assert second["status"] == 404, second
+    assert await sync_to_async(Task.objects.filter(session_id=sid).count)() == 1
+    assert session_memory._remembered.rows.get(sid) is None, "a session found gone is forgotten"
 
 
 async def test_tool_call_streams_progress_then_the_result_with_an_in_loop_worker() -> None:
