@@ -18,7 +18,7 @@ Usage (PostgreSQL + Redis as in CI)::
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/0 \\
         .venv/bin/python bench/create_load.py [--levels 1,10,50] [--seconds 15] [--procs 4] \\
-        [--tenants 20] [--autovacuum S] [--open-rates 150,300 [--open-clients 50]]
+        [--tenants 20] [--autovacuum S] [--open-rates 150,300 [--open-clients 50]] [--client wrk]
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import wrkload  # noqa: E402
 from bench.e2e_load import (  # noqa: E402
     TERMINAL,
     TICK,
@@ -49,6 +50,10 @@ from bench.e2e_load import (  # noqa: E402
 )
 from bench.loadclient import CLIENTS, make_client, open_session  # noqa: E402
 from tests.support.servers import PRODUCTION_SERVER, WEB_SERVERS  # noqa: E402
+
+#: The creation every client sends (``%d``: the JSON-RPC id), as :func:`_level` sends it.
+CREATE_BODY = ('{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"demo_sleep",'
+               '"arguments":{"ms":50},"task":{"ttl":600000}}}')
 
 
 async def _level(urls: list[str], tokens: list[str], clients: int, seconds: float, *, first: int = 0,
@@ -164,8 +169,10 @@ def main() -> None:
     parser.add_argument("--server", choices=tuple(WEB_SERVERS), default=PRODUCTION_SERVER,
                         help=f"the service's web server (default {PRODUCTION_SERVER}, the documented production "
                              "server)")
-    parser.add_argument("--client", choices=CLIENTS, default="aiohttp",
-                        help="the load generator's HTTP client (bench/loadclient.py)")
+    parser.add_argument("--client", choices=(*CLIENTS, "wrk"), default="aiohttp",
+                        help="the load generator's HTTP client (bench/loadclient.py), or wrk for the closed "
+                             "loops (bench/wrkload.py: a C client, so the load generator takes less of the cores "
+                             "the servers share with it; the open loops stay on aiohttp)")
     parser.add_argument("--open-rates", default="",
                         help="after the closed-loop levels, open-loop levels at --open-clients clients offering "
                              "these creations a second in all (e.g. 150,300): latency at a given load, not at "
@@ -176,6 +183,8 @@ def main() -> None:
     args = parser.parse_args()
     if not os.environ.get("DATABASE_URL", "").startswith("postgres") or not os.environ.get("REDIS_URL"):
         sys.exit("set DATABASE_URL (PostgreSQL) and REDIS_URL")
+    if args.client == "wrk" and not wrkload.available():
+        sys.exit("--client wrk needs wrk (apt-get install wrk)")
     stack, token, urls, pids = _start_service(REPO, args.concurrency, args.server)
     dsn = stack.env["DATABASE_URL"]
     standin = AutovacuumStandIn([dsn], args.autovacuum) if args.autovacuum > 0 else None
@@ -215,8 +224,11 @@ def main() -> None:
                         print(f"  (waited {waited:.0f} s for the service's backlog to drain)", flush=True)
                 roles = {**pids, "postgres": _pg_backends(dsn)} if name != "peer" else {}
                 ticks = _cpu_ticks([pid for group in roles.values() for pid in group])
-                n, lat, failed = level(target, toks, clients, args.seconds, args.procs, args.client,
-                                       offered / clients)
+                if args.client == "wrk" and not offered:
+                    n, lat, failed = wrkload.run(target, toks, clients, args.seconds, CREATE_BODY)
+                else:
+                    n, lat, failed = level(target, toks, clients, args.seconds, args.procs,
+                                           "aiohttp" if args.client == "wrk" else args.client, offered / clients)
                 after = _cpu_ticks(list(ticks))
                 load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
                 # Over the whole target (its clients' set-up included): to compare targets, not absolute.
