@@ -86,7 +86,8 @@ async def load_session(
         raise HttpError(404, "Session not found")
     if sessions.session_needs_touch(session=session):
         await database_sync_to_async(sessions.touch_session)(session=session)
-    session_memory.remember_session(session)
+    if creates:
+        session_memory.remember_session(session)  # for its next creation (only creations use it)
     return session, both
 
 
