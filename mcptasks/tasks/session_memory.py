@@ -15,6 +15,8 @@ import functools
 from collections import OrderedDict
 from typing import Any
 
+from django.db import models
+
 from mcptasks.models import McpSession
 from mcptasks.protocol.era2026 import VERSION as ERA2026_VERSION
 from tenants.auth import AuthContext
@@ -26,8 +28,8 @@ class SessionGone(Exception):
 
 
 class _RememberedSessions:
-    """This process's last sessions read live (:func:`remember_session`), by id: their column
-    values, most recently used last, at most ``SIZE``."""
+    """This process's last sessions read live (:func:`remember_session`), by id: their small
+    columns' values (:func:`_session_attnames`), most recently used last, at most ``SIZE``."""
 
     SIZE = 10_000
 
@@ -79,4 +81,7 @@ def forget_session(session_id: str) -> None:
 
 @functools.cache
 def _session_attnames() -> tuple[str, ...]:
-    return tuple(f.attname for f in McpSession._meta.concrete_fields)
+    """The columns remembered: not the JSON ones (the client's info and capabilities, the
+    subscriptions), which a client sizes (up to a request body each) and a creation never reads.
+    A remembered session has them deferred."""
+    return tuple(f.attname for f in McpSession._meta.concrete_fields if not isinstance(f, models.JSONField))

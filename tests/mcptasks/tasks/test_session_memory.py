@@ -164,3 +164,17 @@ def test_what_is_remembered_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     for s in sessions:
         session_memory.remember_session(s)
     assert list(session_memory._remembered.rows) == [s.pk for s in sessions[2:]]
+
+
+def test_what_a_client_sizes_is_not_remembered() -> None:
+    """A session's client info and capabilities take up to a request body each: 10,000 of them
+    would be gigabytes. A creation reads neither, so neither is kept."""
+    auth = make_auth()
+    session = make_session(auth)
+    session.client_info = {"name": "x" * 100_000, "version": "1"}
+    session_memory.remember_session(session)
+    kept = session_memory._remembered.rows[session.pk]
+    assert sum(len(v) for v in kept if isinstance(v, str)) < 1_000
+    found = session_memory.remembered_session(session_id=session.pk, auth=auth)
+    assert found is not None
+    assert {"client_info", "client_capabilities", "subscriptions"} <= found.get_deferred_fields()
