@@ -23,6 +23,36 @@ if TYPE_CHECKING:
     from mcptasks.models.tasks import Task
 
 
+_renew_statement: str | None = None
+
+
+def _renew_sql() -> str:
+    """The lease renewal on PostgreSQL: one statement that locks a worker's live, uncancelled
+    runs in key order, extends their leases and answers each renewed row's task id and attempt.
+
+    In key order because a batch of outcomes (:mod:`mcptasks.tasks.finishsql`) locks its rows in
+    that order: a renewal that locked the same runs in another order (``task_id IN (...)`` takes
+    whatever order its plan scans) waited for the finish while the finish waited for it, and
+    PostgreSQL broke the cycle after ``deadlock_timeout`` by failing one of them (issue 27: a
+    second's stall of a batch of finished tasks under the e2e load).
+    """
+    global _renew_statement
+    if _renew_statement is None:
+        from mcptasks.models.tasks import Task
+
+        q = connection.ops.quote_name
+        table, pk = q(Task._meta.db_table), q(str(Task._meta.pk.column))
+        # Identifiers come from the model's metadata; every value is a bound parameter.
+        _renew_statement = (
+            f"UPDATE {table} t SET {q('lease_expires_at')} = %s "  # noqa: S608
+            f"FROM (SELECT {pk} FROM {table} WHERE {q('task_id')} = ANY(%s) AND {q('worker_id')} = %s "
+            f"AND {q('status')} = ANY(%s) AND NOT {q('cancel_requested')} "
+            f"ORDER BY {pk} FOR NO KEY UPDATE) mine "
+            f"WHERE t.{pk} = mine.{pk} RETURNING t.{q('task_id')}, t.{q('attempt')}"
+        )
+    return _renew_statement
+
+
 def tool_lock_key(tool_name: str) -> int:
     """A stable signed 32-bit key for ``pg_advisory_xact_lock`` of one tool's concurrency limit."""
     return zlib.crc32(f"mcptasks.tool:{tool_name}".encode()) - 2**31
@@ -206,12 +236,18 @@ class TaskQuerySet(models.QuerySet["Task"]):
         return capacity
 
     def renew(self, *, worker_id: str, runs: dict[str, int], lease_until: dt.datetime) -> list[str]:
-        """Extend the leases of ``worker_id``'s runs (task id -> attempt) in one UPDATE.
+        """Extend the leases of ``worker_id``'s runs (task id -> attempt) in one UPDATE (on
+        PostgreSQL locking them in key order: :func:`_renew_sql`).
 
         Returns the task ids whose run must stop: cancelled, finished, or taken over by another
         attempt.
         """
         ids = list(runs)
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cur:
+                cur.execute(_renew_sql(), [lease_until, ids, worker_id, list(LIVE)])
+                alive = {tid for tid, attempt in cur.fetchall() if attempt == runs[tid]}
+            return [tid for tid in ids if tid not in alive]
         self.live().filter(task_id__in=ids, worker_id=worker_id, cancel_requested=False).update(
             lease_expires_at=lease_until
         )
@@ -265,7 +301,8 @@ class TaskQuerySet(models.QuerySet["Task"]):
         match = Q()
         for o in outcomes:
             match |= Q(pk=o.pk, attempt=o.attempt)
-        ours = set(self.live().filter(match).select_for_update().values_list("pk", flat=True))
+        # Locked in key order, as the finish statement and a lease renewal lock (no deadlock).
+        ours = set(self.live().filter(match).order_by("pk").select_for_update().values_list("pk", flat=True))
         won = [o for o in outcomes if o.pk in ours]
         if not won:
             return []
