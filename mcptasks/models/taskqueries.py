@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 _renew_statement: str | None = None
 
 
-def _renew_sql() -> str:
+def _renew_sql(model: type[Task]) -> str:
     """The lease renewal on PostgreSQL: one statement that locks a worker's live, uncancelled
     runs in key order, extends their leases and answers each renewed row's task id and attempt.
 
@@ -38,10 +38,9 @@ def _renew_sql() -> str:
     """
     global _renew_statement
     if _renew_statement is None:
-        from mcptasks.models.tasks import Task
-
         q = connection.ops.quote_name
-        table, pk = q(Task._meta.db_table), q(str(Task._meta.pk.column))
+        # The model is passed in (the QuerySet's own): importing it here would be a cycle.
+        table, pk = q(model._meta.db_table), q(str(model._meta.pk.column))
         # Identifiers come from the model's metadata; every value is a bound parameter.
         _renew_statement = (
             f"UPDATE {table} t SET {q('lease_expires_at')} = %s "  # noqa: S608
@@ -245,7 +244,7 @@ class TaskQuerySet(models.QuerySet["Task"]):
         ids = list(runs)
         if connection.vendor == "postgresql":
             with connection.cursor() as cur:
-                cur.execute(_renew_sql(), [lease_until, ids, worker_id, list(LIVE)])
+                cur.execute(_renew_sql(self.model), [lease_until, ids, worker_id, list(LIVE)])
                 alive = {tid for tid, attempt in cur.fetchall() if attempt == runs[tid]}
             return [tid for tid in ids if tid not in alive]
         self.live().filter(task_id__in=ids, worker_id=worker_id, cancel_requested=False).update(
