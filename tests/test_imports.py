@@ -21,6 +21,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.support.servers import REPO
 
 #: The layers, lowest first. A module belongs to the longest prefix listed here; it may import
@@ -201,6 +203,7 @@ def test_the_protocol_layer_imports_no_django() -> None:
     assert {m: found for m, found in offenders.items() if found} == {}
 
 
+@pytest.mark.processes(reason="imports the protocol package in a fresh interpreter (python -c)")
 def test_importing_every_protocol_module_loads_no_django() -> None:
     """Transitively too: in a fresh interpreter, the whole protocol package pulls in no Django."""
     names = [module_name(p, REPO) for p in sorted((REPO / "mcptasks" / "protocol").rglob("*.py"))]

@@ -36,11 +36,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 TESTS = Path(__file__).resolve().parent.parent
 E2E = TESTS / "e2e"
 STARTS_PROCESSES = "__starts_processes__"
-# Tests that start processes but cannot carry a marker of their own here: the file is being
-# rewritten elsewhere (issue 26); each entry says why it is not fast.
-PROCESS_MODULES = {
-    TESTS / "test_imports.py": "imports modules in fresh interpreters (python -c)",
-}
+# Modules whose every test starts processes but cannot carry a marker of its own; each entry
+# says why it is not fast. Empty: a test that starts one is marked where it is defined, so the
+# rest of its module (the import rules of tests/test_imports.py, say) fails in the first minute.
+PROCESS_MODULES: dict[Path, str] = {}
 
 
 CALL_FAILED = pytest.StashKey[bool]()
