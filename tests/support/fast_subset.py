@@ -36,10 +36,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 TESTS = Path(__file__).resolve().parent.parent
 E2E = TESTS / "e2e"
 STARTS_PROCESSES = "__starts_processes__"
-# Modules whose every test starts processes but cannot carry a marker of its own; each entry
-# says why it is not fast. Empty: a test that starts one is marked where it is defined, so the
-# rest of its module (the import rules of tests/test_imports.py, say) fails in the first minute.
-PROCESS_MODULES: dict[Path, str] = {}
 
 
 CALL_FAILED = pytest.StashKey[bool]()
@@ -84,8 +80,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if path.is_relative_to(E2E):
             item.add_marker(pytest.mark.e2e)
             item.add_marker(pytest.mark.processes(reason="end-to-end: real server processes"))
-        elif path in PROCESS_MODULES:
-            item.add_marker(pytest.mark.processes(reason=PROCESS_MODULES[path]))
         elif _uses_process_fixture(item):
             item.add_marker(pytest.mark.processes(reason="uses a fixture that starts processes"))
         if not any(item.get_closest_marker(name) for name in ("e2e", "processes", "slow")):
