@@ -40,8 +40,14 @@ run_pytest() {
 }
 step "pytest, fast subset (-m fast: starts no process, under a minute)"
 run_pytest "$FAST_LOG" -m fast "$@"
-step "pytest, the rest (-m 'not fast': processes, slow, e2e)"
-run_pytest "$PYTEST_LOG" --durations=15 -m "not fast" "$@"
+# The rest mostly waits on the processes it starts (servers, workers, PgBouncer, Sentinel, a
+# browser), so it runs on TEST_WORKERS pytest-xdist workers (2 by default: 28 minutes serially on
+# a slow 2-core machine, 12 on two). A module stays on one worker (--dist loadfile): its
+# module-scoped servers are started once. Each worker's session has its own stack (database,
+# channel-layer prefix, ports) and pytest-django gives each its own test database.
+# `-n 0` among the arguments runs it serially.
+step "pytest, the rest (-m 'not fast': processes, slow, e2e; ${TEST_WORKERS:-2} workers)"
+run_pytest "$PYTEST_LOG" --durations=15 -n "${TEST_WORKERS:-2}" --dist loadfile -m "not fast" "$@"
 step "MCP conformance suite"
 bash .ci/conformance.sh
 
