@@ -18,7 +18,7 @@ from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
 from django.test import Client
-from hypothesis import HealthCheck
+from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 
 from mcptasks.audit import watch
@@ -307,20 +307,33 @@ def _operator_schema() -> Any:
 
 
 api_schema = _operator_schema()
+#: One test per operation, each with an id of its own ("GET /api/..."): schemathesis's own
+#: ``@api_schema.parametrize()`` gave all of them one id, and pytest-xdist then ran only one
+#: (tests/support/unique_ids.py now refuses such a collection).
+OPERATIONS = [result.ok() for result in api_schema.get_all_operations()]
+
+
+def test_every_operation_of_the_schema_is_exercised() -> None:
+    assert len(OPERATIONS) >= 8
+    assert all(op.label.startswith("GET /api/tenants/{tenant_slug}/") for op in OPERATIONS)
 
 
 @pytest.mark.slow(reason="schemathesis: 30 generated requests per operation, ~15 s")
-@api_schema.parametrize()
-@hsettings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
-def test_the_api_never_answers_with_a_server_error(case: Any, world: dict[str, Any]) -> None:
-    if "tenant_slug" in (case.path_parameters or {}):
-        # Half the cases ask for the auditor's tenant, half for whatever was generated.
-        if hash(str(case.path_parameters)) % 2 == 0:
-            case.path_parameters["tenant_slug"] = "acme"
-    response = case.call(headers={"Authorization": world["creds"]["HTTP_AUTHORIZATION"]})
-    assert response.status_code < 500, response.text[:500]
-    if case.path_parameters and case.path_parameters.get("tenant_slug") == "globex":
-        assert response.status_code == 404
+@pytest.mark.parametrize("operation", OPERATIONS, ids=[op.label for op in OPERATIONS])
+def test_the_api_never_answers_with_a_server_error(operation: Any, world: dict[str, Any]) -> None:
+    @given(case=operation.as_strategy())
+    @hsettings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+    def check(case: Any) -> None:
+        if "tenant_slug" in (case.path_parameters or {}):
+            # Half the cases ask for the auditor's tenant, half for whatever was generated.
+            if hash(str(case.path_parameters)) % 2 == 0:
+                case.path_parameters["tenant_slug"] = "acme"
+        response = case.call(headers={"Authorization": world["creds"]["HTTP_AUTHORIZATION"]})
+        assert response.status_code < 500, response.text[:500]
+        if case.path_parameters and case.path_parameters.get("tenant_slug") == "globex":
+            assert response.status_code == 404
+
+    check()
 
 
 def test_webhook_endpoints_and_deliveries_are_listed_without_secrets_or_payloads(world: dict[str, Any]) -> None:
