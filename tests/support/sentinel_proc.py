@@ -87,6 +87,7 @@ class PrivateSentinel:
     def __init__(self, tmp: Path, *, down_after_ms: int = 1000, host: str = "127.0.0.1") -> None:
         data = "save \"\"\nappendonly no\nrepl-diskless-sync yes\nrepl-diskless-sync-delay 0\n"
         self.host = host
+        self.down_after_ms = down_after_ms
         self.nodes = [_Proc(tmp, "node-a", data, host=host), _Proc(tmp, "node-b", data, host=host)]
         self.nodes[1].config += f"replicaof {host} {self.nodes[0].port}\n"
         primary = self.nodes[0].port
@@ -142,10 +143,48 @@ class PrivateSentinel:
         """The data node listening on ``port``."""
         return next((n for n in self.nodes if n.port == port), None)
 
+    def wait_promotable(self, *, within_s: float = 30) -> None:
+        """Wait until the first Sentinel would pick a replica for a forced failover, and it is in sync.
+
+        The Sentinel's rules (``sentinelSelectSlave``): not down or disconnected, a PING reply within
+        5 s, an INFO within 30 s, the replication link down no longer than ten ``down-after``
+        periods. Right after a failover the demoted primary fails them for a second or so; it is
+        also not in sync yet, and promoting it then would lose what the test just wrote. Its own
+        INFO tells that at once (the Sentinel's copy of it is up to 10 s old).
+        """
+        def promotable(replica: dict[str, Any]) -> bool:
+            flags = str(replica.get("flags", ""))
+            if (any(f in flags for f in ("s_down", "o_down", "disconnected"))
+                    or int(replica.get("last-ok-ping-reply", 10**9)) >= 5000
+                    or int(replica.get("info-refresh", 10**9)) >= 30000
+                    or int(replica.get("master-link-down-time", 0)) > 10 * self.down_after_ms
+                    or int(replica.get("slave-priority", 1)) == 0):
+                return False
+            node = self.node(int(replica.get("port", 0)))
+            return node is not None and node.client().info("replication").get("master_link_status") == "up"
+
+        _wait(lambda: any(promotable(r) for r in self.sentinels[0].client().sentinel_slaves(SERVICE)),
+              within_s=within_s, what="a promotable replica")
+
     def failover(self, *, within_s: float = 20) -> int:
         """``SENTINEL FAILOVER``: promote the replica; return the new primary's port once it leads."""
         old = self.primary_port()
-        self.sentinels[0].client().execute_command("SENTINEL", "FAILOVER", SERVICE)
+        self.wait_promotable()
+
+        def ordered() -> bool:
+            # A Sentinel refuses a forced failover with NOGOODSLAVE until its own view of a replica
+            # is fresh (INFO every 10 s, a PING reply within 5 s, the replication link up): right
+            # after an earlier failover, or on a loaded machine, the demoted primary may not pass
+            # yet. INPROG: the previous failover's reconfiguration is still running. Both pass.
+            try:
+                self.sentinels[0].client().execute_command("SENTINEL", "FAILOVER", SERVICE)
+            except redis.ResponseError as exc:
+                if str(exc).startswith(("NOGOODSLAVE", "INPROG")):
+                    return False
+                raise
+            return True
+
+        _wait(ordered, within_s=within_s + 15, what="a Sentinel accepting the failover")
 
         def switched() -> bool:
             if any(s.client().sentinel_get_master_addr_by_name(SERVICE)[1] == old for s in self.sentinels):

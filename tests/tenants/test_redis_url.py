@@ -225,6 +225,8 @@ def test_a_blocked_read_leaves_the_old_primary_whoever_notices_the_move(sentinel
         client = aioredis.Redis(connection_pool=pool)
         try:
             await client.set("blocked-read-probe", 1)
+            # The timing below is the read's, not the Sentinels' readiness after the last failover.
+            await asyncio.to_thread(sentinel.wait_promotable)
             started = asyncio.get_running_loop().time()
             read = asyncio.ensure_future(client.bzpopmin("blocked-read-probe-q", timeout=20))
             primary = sentinel.node(sentinel.primary_port())
