@@ -43,7 +43,9 @@ from bench.e2e_load import (  # noqa: E402
     AutovacuumStandIn,
     _cpu_ticks,
     _pct,
+    _per_role_ms,
     _pg_backends,
+    _run_queue_ns,
     _start_service,
     server_autovacuum,
     start_peer,
@@ -224,20 +226,25 @@ def main() -> None:
                         print(f"  (waited {waited:.0f} s for the service's backlog to drain)", flush=True)
                 roles = {**pids, "postgres": _pg_backends(dsn)} if name != "peer" else {}
                 ticks = _cpu_ticks([pid for group in roles.values() for pid in group])
+                waited = _run_queue_ns([pid for group in roles.values() for pid in group])
                 if args.client == "wrk" and not offered:
                     n, lat, failed = wrkload.run(target, toks, clients, args.seconds, CREATE_BODY)
                 else:
                     n, lat, failed = level(target, toks, clients, args.seconds, args.procs,
                                            "aiohttp" if args.client == "wrk" else args.client, offered / clients)
                 after = _cpu_ticks(list(ticks))
+                waited_after = _run_queue_ns(list(waited))
                 load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
                 # Over the whole target (its clients' set-up included): to compare targets, not absolute.
-                cpu = ", ".join(f"{role} {sum(after.get(p, 0) - ticks.get(p, 0) for p in group) / TICK * 1000 / n:.2f}"
-                                for role, group in roles.items()) if n else ""
+                cpu = ", ".join(f"{role} {ms:.2f}" for role, ms in
+                                _per_role_ms(roles, ticks, after, scale=TICK, n=n).items()) if n else ""
+                wait = ", ".join(f"{role} {ms:.2f}" for role, ms in
+                                 _per_role_ms(roles, waited, waited_after, scale=1e9, n=n).items()) if n else ""
                 print(f"  {clients:3d} clients  {name:<8} {n / args.seconds:7.1f} creations/s | "
                       f"p50 {statistics.median(lat) if lat else float('nan'):6.1f} ms | "
                       f"p99 {_pct(lat, 0.99):6.1f} ms | {failed} failures | load {load}"
-                      + (f" | CPU ms/creation: {cpu}" if cpu else ""), flush=True)
+                      + (f" | CPU ms/creation: {cpu}" if cpu else "")
+                      + (f" | waiting for a core ms/creation: {wait}" if wait else ""), flush=True)
                 before = runs.get(name, (0, []))
                 runs[name] = (before[0] + n, before[1] + lat)
             for name, (n, lat) in runs.items():

@@ -175,6 +175,36 @@ def _cpu_ticks(pids: list[int]) -> dict[int, int]:
     return ticks
 
 
+def _run_queue_ns(pids: list[int]) -> dict[int, int]:
+    """Nanoseconds each process's threads have spent runnable but waiting for a core
+    (``/proc/PID/task/*/schedstat``, second field): next to the CPU a role used, what it waited
+    for a core to use it. On two shared cores a tail latency is mostly that wait (issue 27,
+    twenty-seventh session in ``bench/RESULTS.md``)."""
+    waits = {}
+    for pid in pids:
+        total, seen = 0, False
+        try:
+            threads = list(Path(f"/proc/{pid}/task").iterdir())
+        except OSError:
+            continue
+        for thread in threads:
+            try:
+                total += int((thread / "schedstat").read_text().split()[1])
+                seen = True
+            except (OSError, IndexError, ValueError):
+                continue  # the thread ended, or the kernel keeps no schedstats
+        if seen:
+            waits[pid] = total
+    return waits
+
+
+def _per_role_ms(roles: dict[str, list[int]], before: dict[int, int], after: dict[int, int], *, scale: float,
+                 n: int) -> dict[str, float]:
+    """Each role's growth between two readings (``scale`` units a second) in ms per one of ``n``."""
+    return {role: sum(after.get(pid, 0) - before.get(pid, 0) for pid in group if pid in after) / scale * 1000 / n
+            if n else 0.0 for role, group in roles.items()}
+
+
 def _pg_backends(dsn: str) -> list[int]:
     import psycopg
 
@@ -253,6 +283,7 @@ def run_round(name: str, urls: list[str], token: str, args: argparse.Namespace, 
     time.sleep(max(0.0, start_at - time.time()))
     roles_before = pids()
     before = _cpu_ticks([pid for group in roles_before.values() for pid in group])
+    waited_before = _run_queue_ns([pid for group in roles_before.values() for pid in group])
     # The load generator's own CPU, apart: it shares the cores with the target.
     clients_before = _cpu_ticks([p.pid for p in procs if p.pid is not None])
     window_start = time.monotonic()
@@ -262,6 +293,7 @@ def run_round(name: str, urls: list[str], token: str, args: argparse.Namespace, 
     for role, group in roles_before.items():
         roles[role] = list(set(roles.get(role, [])) | set(group))
     after = _cpu_ticks([pid for group in roles.values() for pid in group])
+    waited_after = _run_queue_ns([pid for group in roles.values() for pid in group])
     clients_after = _cpu_ticks(list(clients_before))
     load = Path("/proc/loadavg").read_text().split()[:3]
     results = [queue.get(timeout=args.seconds + 120) for _ in procs]
@@ -271,14 +303,14 @@ def run_round(name: str, urls: list[str], token: str, args: argparse.Namespace, 
     failures = [f for _, fs in results for f in fs]
     cpu_s = sum(after[pid] - before.get(pid, 0) for pid in after) / TICK
     n = len(rows)
-    by_role = {role: sum(after.get(pid, 0) - before.get(pid, 0) for pid in group) / TICK * 1000 / n if n else 0.0
-               for role, group in roles.items()}
+    by_role = _per_role_ms(roles, before, after, scale=TICK, n=n)
+    waited_by_role = _per_role_ms(roles, waited_before, waited_after, scale=1e9, n=n)
     stats = {
         "name": name, "tasks": n, "per_s": n / args.seconds, "failures": failures,
         "create": [r[1] for r in rows], "c2t": [r[2] for r in rows], "seen": [r[3] for r in rows],
         "e2e": [r[4] for r in rows], "sent": [r[5] for r in rows], "first": [r[6] for r in rows],
         "cpu_ms_per_task": cpu_s * 1000 / n if n else float("nan"), "load": load,
-        "cpu_by_role": by_role, "requests": [r[7] for r in rows],
+        "cpu_by_role": by_role, "waited_by_role": waited_by_role, "requests": [r[7] for r in rows],
         "client_cpu_ms_per_task": (sum(clients_after[pid] - clients_before[pid] for pid in clients_after)
                                    / TICK * 1000 / n if n else float("nan")),
     }
@@ -299,6 +331,9 @@ def _print(s: dict[str, Any]) -> None:
     if len(s.get("cpu_by_role", {})) > 1:
         print("    CPU ms/task by role: " + ", ".join(f"{role} {ms:.1f}" for role, ms in s["cpu_by_role"].items()),
               flush=True)
+    if len(s.get("waited_by_role", {})) > 1:
+        print("    waiting for a core, ms/task by role: "
+              + ", ".join(f"{role} {ms:.1f}" for role, ms in s["waited_by_role"].items()), flush=True)
     if s.get("requests"):
         print(f"    load generator: {s['client_cpu_ms_per_task']:.1f} ms CPU/task for "
               f"{statistics.mean(s['requests']):.2f} requests/task", flush=True)
@@ -320,7 +355,9 @@ def _summary(all_stats: list[dict[str, Any]]) -> None:
                             "load": runs[-1]["load"],
                             "client_cpu_ms_per_task": statistics.mean(r["client_cpu_ms_per_task"] for r in runs),
                             "cpu_by_role": {role: statistics.mean(r["cpu_by_role"].get(role, 0.0) for r in runs)
-                                            for role in runs[0]["cpu_by_role"]}}
+                                            for role in runs[0]["cpu_by_role"]},
+                            "waited_by_role": {role: statistics.mean(r["waited_by_role"].get(role, 0.0) for r in runs)
+                                               for role in runs[0]["waited_by_role"]}}
         for key in ("create", "c2t", "seen", "e2e", "sent", "first", "requests"):
             m[key] = [v for r in runs for v in r[key]]
         _print(m)
