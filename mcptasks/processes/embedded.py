@@ -13,6 +13,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import faulthandler
 import logging
 import os
 import signal
@@ -49,8 +51,13 @@ SHUTDOWN_FORCE_AFTER_S = 15.0
 
 
 def _force_exit() -> None:
-    """End a shutdown that is stuck past :data:`SHUTDOWN_FORCE_AFTER_S` (leases were handed back)."""
+    """End a shutdown that is stuck past :data:`SHUTDOWN_FORCE_AFTER_S` (leases were handed back).
+
+    Every thread's stack goes to stderr first: what held the process is otherwise lost with it
+    (a CI run saw one such stall once, with nothing in the log to say what waited)."""
     os.write(2, b"shutdown: still running after the drain (a sync tool in a thread?); exiting now\n")
+    with contextlib.suppress(OSError, RuntimeError, ValueError):  # no usable stderr: exit all the same
+        faulthandler.dump_traceback(all_threads=True)
     os._exit(0)
 
 

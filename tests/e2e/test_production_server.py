@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import secrets
 import signal
+import subprocess
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
+from mcptasks.processes.embedded import SHUTDOWN_FORCE_AFTER_S
 from tests.e2e.live_support import Listener, Pair, is_terminal_note, start_pair, status_notes, twin
 from tests.support.client import McpClient
 from tests.support.servers import Stack
@@ -65,8 +67,15 @@ def test_sigterm_closes_open_streams_with_retry(stack: Stack, server: str) -> No
                 web.popen.send_signal(signal.SIGTERM)
                 lines.extend(it)  # a clean end of body, not a cut connection
         assert any(line.startswith("retry:") for line in lines), lines
-        web.popen.wait(15)
-        assert "closed 1 open stream(s)" in web.log_text()
+        # The shutdown's watchdog ends a stuck process after SHUTDOWN_FORCE_AFTER_S, dumping every
+        # thread's stack: wait past it, then say which happened (a 15 s wait raced it once in CI).
+        try:
+            web.popen.wait(SHUTDOWN_FORCE_AFTER_S + 10)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{server} still running after SIGTERM; its log ends:\n{web.log_text()[-4000:]}")
+        log = web.log_text()
+        assert "exiting now" not in log, f"{server}'s shutdown was stuck until the watchdog; log:\n{log[-4000:]}"
+        assert "closed 1 open stream(s)" in log
     finally:
         web.terminate(timeout=10)
 

@@ -160,7 +160,8 @@ def test_serve_keeps_refusing_a_missing_mcp_name_when_told_to(tmp_path: Path) ->
 
 def test_a_shutdown_stuck_behind_a_tool_thread_is_forced() -> None:
     """A process whose only work left is a sync tool thread (already handed back) does not wait
-    for it: the shutdown watchdog ends it (CI: `serve` waited a minute for such a thread)."""
+    for it: the shutdown watchdog ends it (CI: `serve` waited a minute for such a thread), after
+    writing every thread's stack to its log."""
     code = (
         "import django, threading, time; django.setup(); from mcptasks.processes import embedded as runtime; "
         "threading.Thread(target=time.sleep, args=(60,)).start(); "
@@ -172,3 +173,5 @@ def test_a_shutdown_stuck_behind_a_tool_thread_is_forced() -> None:
     assert time.monotonic() - started < 30, done.stderr
     assert done.returncode == 0, done.stderr
     assert "exiting now" in done.stderr
+    # What held the process is in its log: every thread's stack, the sleeping one's included.
+    assert "(most recent call first)" in done.stderr and "threading.py" in done.stderr, done.stderr
