@@ -225,15 +225,14 @@ def main() -> None:
                     if waited >= 1:
                         print(f"  (waited {waited:.0f} s for the service's backlog to drain)", flush=True)
                 roles = {**pids, "postgres": _pg_backends(dsn)} if name != "peer" else {}
-                ticks = _cpu_ticks([pid for group in roles.values() for pid in group])
-                waited = _run_queue_ns([pid for group in roles.values() for pid in group])
+                counted = [pid for group in roles.values() for pid in group]
+                ticks, waited = _cpu_ticks(counted), _run_queue_ns(counted)
                 if args.client == "wrk" and not offered:
                     n, lat, failed = wrkload.run(target, toks, clients, args.seconds, CREATE_BODY)
                 else:
                     n, lat, failed = level(target, toks, clients, args.seconds, args.procs,
                                            "aiohttp" if args.client == "wrk" else args.client, offered / clients)
-                after = _cpu_ticks(list(ticks))
-                waited_after = _run_queue_ns(list(waited))
+                after, waited_after = _cpu_ticks(counted), _run_queue_ns(counted)
                 load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
                 # Over the whole target (its clients' set-up included): to compare targets, not absolute.
                 cpu = ", ".join(f"{role} {ms:.2f}" for role, ms in

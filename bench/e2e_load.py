@@ -282,8 +282,8 @@ def run_round(name: str, urls: list[str], token: str, args: argparse.Namespace, 
         p.start()
     time.sleep(max(0.0, start_at - time.time()))
     roles_before = pids()
-    before = _cpu_ticks([pid for group in roles_before.values() for pid in group])
-    waited_before = _run_queue_ns([pid for group in roles_before.values() for pid in group])
+    pids_before = [pid for group in roles_before.values() for pid in group]
+    before, waited_before = _cpu_ticks(pids_before), _run_queue_ns(pids_before)
     # The load generator's own CPU, apart: it shares the cores with the target.
     clients_before = _cpu_ticks([p.pid for p in procs if p.pid is not None])
     window_start = time.monotonic()
@@ -292,8 +292,8 @@ def run_round(name: str, urls: list[str], token: str, args: argparse.Namespace, 
     roles = pids()
     for role, group in roles_before.items():
         roles[role] = list(set(roles.get(role, [])) | set(group))
-    after = _cpu_ticks([pid for group in roles.values() for pid in group])
-    waited_after = _run_queue_ns([pid for group in roles.values() for pid in group])
+    pids_after = [pid for group in roles.values() for pid in group]
+    after, waited_after = _cpu_ticks(pids_after), _run_queue_ns(pids_after)
     clients_after = _cpu_ticks(list(clients_before))
     load = Path("/proc/loadavg").read_text().split()[:3]
     results = [queue.get(timeout=args.seconds + 120) for _ in procs]

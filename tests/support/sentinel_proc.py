@@ -172,10 +172,8 @@ class PrivateSentinel:
         self.wait_promotable()
 
         def ordered() -> bool:
-            # A Sentinel refuses a forced failover with NOGOODSLAVE until its own view of a replica
-            # is fresh (INFO every 10 s, a PING reply within 5 s, the replication link up): right
-            # after an earlier failover, or on a loaded machine, the demoted primary may not pass
-            # yet. INPROG: the previous failover's reconfiguration is still running. Both pass.
+            # wait_promotable reads the Sentinel's view a moment before this; should that view lapse
+            # meanwhile (NOGOODSLAVE) or the last failover's reconfiguration still run (INPROG), ask again.
             try:
                 self.sentinels[0].client().execute_command("SENTINEL", "FAILOVER", SERVICE)
             except redis.ResponseError as exc:
