@@ -24,13 +24,13 @@ import contextlib
 import functools
 import logging
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from django.db import OperationalError
 
 from mcptasks import conf
-from mcptasks.db import async_sql
+from mcptasks.db import async_sql, wakeups
 from mcptasks.db.write_pool import WriteQueueTimeout
 from tenants.infra.coalesce import Coalescer
 
@@ -164,7 +164,7 @@ def _drop_pools_of_closed_loops() -> None:
 
 
 async def execute_grouped(sql: str, params: Sequence[Any], *, group: int | str | None,
-                          many: Callable[[int], str] | None = None) -> tuple[Any, ...] | None:
+                          many: Callable[[int], str] | None = None, wakes: str | None = None) -> tuple[Any, ...] | None:
     """:func:`execute`, sharing one transaction with the same ``group``'s concurrent statements.
 
     Statements of one group that arrive while that group's previous batch is in flight are sent
@@ -184,6 +184,10 @@ async def execute_grouped(sql: str, params: Sequence[Any], *, group: int | str |
     one, led by that statement's 1-based place in the batch (the others answer None): a batch
     is then that one statement instead of a pipeline of ``n``.
 
+    ``wakes``: the statements create tasks and end their rows with
+    :func:`mcptasks.db.wakeups.notify_sql`, and this is the check statement that reads the
+    flags again: each one sent is booked in this loop's :class:`~mcptasks.db.wakeups.WakeLedger`.
+
     Same results and exceptions as :func:`execute`. A lock or statement timeout fails the whole
     batch alike (nothing of it was written), except that a lock timeout of ``many``'s statement
     runs each statement again alone (the group locks no row, so one caller's wait was not the
@@ -192,7 +196,8 @@ async def execute_grouped(sql: str, params: Sequence[Any], *, group: int | str |
     """
     batches = _grouped.get((sql, group))
     if batches is None:
-        batches = _grouped[(sql, group)] = Coalescer(lambda items: _run_batch(sql, items, many), max_batch=GROUP_MAX)
+        batches = _grouped[(sql, group)] = Coalescer(lambda items: _run_batch(sql, items, many, wakes),
+                                                     max_batch=GROUP_MAX)
     outcome = await batches.call(list(params))
     if isinstance(outcome, BaseException):
         raise outcome
@@ -205,29 +210,62 @@ GROUP_MAX = 32
 _grouped: dict[tuple[str, int | str | None], Coalescer[list[Any], Any]] = {}
 
 
-async def _run_batch(sql: str, items: Sequence[list[Any]], many: Callable[[int], str] | None = None) -> list[Any]:
+async def _booked(wakes: str | None, send: Callable[[], Awaitable[list[Any]]]) -> list[Any]:
+    """``send()``'s rows; with ``wakes`` (the check statement), booked in this loop's
+    :class:`~mcptasks.db.wakeups.WakeLedger` (taking the ticket before anything is sent)."""
+    if wakes is None:
+        return await send()
+    book = wakeups.ledger()
+    check = functools.partial(execute, wakes, ())
+    ticket = book.sent()
+    try:
+        rows = await send()
+    except (async_sql.Unavailable, asyncio.CancelledError):
+        # Sent, perhaps committed, and its answer lost: a debt, paid by a check.
+        book.done(ticket, [], check=check, may_have_committed=True)
+        raise
+    except BaseException:
+        book.done(ticket, [], check=check)  # nothing was written
+        raise
+    book.done(ticket, rows, check=check)
+    return rows
+
+
+async def _run_batch(sql: str, items: Sequence[list[Any]], many: Callable[[int], str] | None = None,
+                     wakes: str | None = None) -> list[Any]:
     """One transaction of ``items`` (each the parameters of ``sql``), pipelined or as ``many``'s
     one statement: their first rows."""
     import psycopg
-    from psycopg import AsyncRawCursor
 
     if len(items) == 1:
-        return [await _outcome(sql, items[0])]
+        return [await _outcome(sql, items[0], wakes)]
     if many is not None:
         try:
-            return await _run_many(many, items)
+            return await _booked(wakes, lambda: _run_many(many, items))
         except OperationalError as exc:
             if not isinstance(exc.__cause__, psycopg.errors.LockNotAvailable):
                 raise
         except psycopg.Error:  # refused (_write_connection maps timeouts and failed connections)
-            return [await _outcome(sql, params) for params in items]
+            return [await _outcome(sql, params, wakes) for params in items]
         # One row waited past the lock timeout, and the whole statement was rolled back. The
         # statements of a group given ``many`` lock no row of their own group (see
         # :func:`execute_grouped`), so the wait was one caller's: a row another transaction is
         # inserting with the same unique values (a client retrying an idempotency key whose first
         # attempt is still open on a host that vanished). Each alone, concurrently: that caller
         # waits again and fails alone; the other tenants' creations are made.
-        return list(await asyncio.gather(*(_outcome(sql, params) for params in items)))
+        return list(await asyncio.gather(*(_outcome(sql, params, wakes) for params in items)))
+    rows = await _booked(wakes, lambda: _run_pipelined(sql, items))
+    if not rows:  # rolled back as a whole: each statement again, alone
+        return [await _outcome(sql, params, wakes) for params in items]
+    return rows
+
+
+async def _run_pipelined(sql: str, items: Sequence[list[Any]]) -> list[Any]:
+    """``items`` as statements of one transaction sent in pipeline mode: a row (or None) each,
+    or no rows if the server refused one (nothing of the batch was written)."""
+    import psycopg
+    from psycopg import AsyncRawCursor
+
     async with _write_connection() as conn:
         cursors = []
         try:
@@ -239,12 +277,8 @@ async def _run_batch(sql: str, items: Sequence[list[Any]], many: Callable[[int],
         except (psycopg.OperationalError, psycopg.InterfaceError):
             raise  # a timeout or a failed connection: the whole batch, as _write_connection says
         except psycopg.Error:
-            refused = True  # rolled back as a whole: each statement again, alone, below
-        else:
-            refused = False
-            rows = [await cur.fetchone() for cur in cursors]
-    if refused:
-        return [await _outcome(sql, params) for params in items]
+            return []
+        rows = [await cur.fetchone() for cur in cursors]
     return [tuple(row) if row is not None else None for row in rows]
 
 
@@ -261,10 +295,10 @@ async def _run_many(many: Callable[[int], str], items: Sequence[list[Any]]) -> l
         return answered
 
 
-async def _outcome(sql: str, params: Sequence[Any]) -> Any:
+async def _outcome(sql: str, params: Sequence[Any], wakes: str | None = None) -> Any:
     """:func:`execute`'s row, or the exception it raised (a batch answers each of its callers)."""
     try:
-        return await execute(sql, params)
+        return await execute(sql, params, wakes=wakes)
     except Exception as exc:
         return exc
 
@@ -296,22 +330,18 @@ async def _write_connection() -> AsyncIterator[Any]:
         raise async_sql.Unavailable from exc
 
 
-async def execute(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
+async def execute(sql: str, params: Sequence[Any], *, wakes: str | None = None) -> tuple[Any, ...] | None:
     """Run one statement (``$n`` placeholders) as its own transaction; its first row.
+    ``wakes`` as :func:`execute_grouped` takes it.
 
     :class:`Refused` when the database refuses it (a constraint, bad data: nothing was written);
     otherwise what :func:`_write_connection` raises (only an idempotent caller may try again
     after :class:`async_sql.Unavailable`).
     """
     import psycopg
-    from psycopg import AsyncRawCursor
 
     try:
-        async with _write_connection() as conn:
-            cur = AsyncRawCursor(conn)
-            await cur.execute(sql, list(params), prepare=True)
-            row = await cur.fetchone()
-            return tuple(row) if row is not None else None
+        return (await _booked(wakes, lambda: _one(sql, params)))[0]
     except psycopg.errors.IntegrityError as exc:
         raise Refused(type(exc).__name__) from exc
     except psycopg.Error as exc:
@@ -320,6 +350,16 @@ async def execute(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
         # error's class is logged, never a value from the request.
         logger.warning("async write refused (%s); made through the ORM instead", type(exc).__name__)
         raise Refused(type(exc).__name__) from exc
+
+
+async def _one(sql: str, params: Sequence[Any]) -> list[Any]:
+    from psycopg import AsyncRawCursor
+
+    async with _write_connection() as conn:
+        cur = AsyncRawCursor(conn)
+        await cur.execute(sql, list(params), prepare=True)
+        row = await cur.fetchone()
+        return [tuple(row) if row is not None else None]
 
 
 def open_connections() -> int:

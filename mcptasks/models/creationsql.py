@@ -11,6 +11,7 @@ a health check on a write thread).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from typing import Any
 
 from django.db import connections, models
@@ -21,6 +22,7 @@ from mcptasks.models import instances
 from mcptasks.models.audit import AuditEvent
 from mcptasks.models.sessions import McpSession
 from mcptasks.models.tasks import Task
+from mcptasks.models.workers import WorkerHeartbeat
 from tenants import quotas
 
 #: The audit event's columns written at creation (as :func:`mcptasks.audit.trail.append` writes them).
@@ -70,9 +72,11 @@ def _build(*, counted: bool) -> tuple[str, list[Field[Any, Any]], list[Field[Any
     ``asgiref.Local`` and made a new one for every request task (2 % of a web process's CPU
     under the e2e load, issue 27).
 
-    A created task also wakes the listening workers (:mod:`mcptasks.db.wakeups`): ``pg_notify``
-    runs in the statement and PostgreSQL delivers it on commit. (The statement is only used
-    without a transaction pooler, which is where workers listen.)
+    A created task also wakes the listening workers (:mod:`mcptasks.db.wakeups`): while a worker
+    waits for wake-ups, ``pg_notify`` runs in the statement and PostgreSQL delivers it on commit;
+    the statement's last column says whether it did, for the caller's
+    :class:`~mcptasks.db.wakeups.WakeLedger`. (The statement is only used without a transaction
+    pooler, which is where workers listen.)
     """
     found = _statements.get(counted)
     if found is None:
@@ -115,9 +119,23 @@ def _build(*, counted: bool) -> tuple[str, list[Field[Any, Any]], list[Field[Any
             f"SELECT {values(audit_fields)} FROM created) "
             "SELECT (SELECT * FROM created)"
         )
-        sql += f", (SELECT pg_notify('{wakeups.CHANNEL}', '') FROM created)"  # noqa: S608 (a constant)
+        sql += ", " + notify_sql()
         found = _statements[counted] = (sql, task_fields, audit_fields, conn)
     return found
+
+
+@functools.cache
+def notify_sql() -> str:
+    """:func:`mcptasks.db.wakeups.notify_sql` on the workers' rows: the last column of a creating statement."""
+    field = WorkerHeartbeat._meta.get_field("wants_wakeups")
+    return wakeups.notify_sql(connections["default"].ops.quote_name, table=WorkerHeartbeat._meta.db_table,
+                              column=str(field.column))
+
+
+@functools.cache
+def check_sql() -> str:
+    """The statement that pays a :class:`~mcptasks.db.wakeups.WakeLedger` debt when no creation follows."""
+    return f"SELECT {notify_sql()}"
 
 
 def _live_session_sql(session_id: str, *, tenant: str, principal: str) -> str:
@@ -178,7 +196,7 @@ def _build_many(n: int) -> str:
             f"audited AS (INSERT INTO {quote(AuditEvent._meta.db_table)} ({audit_cols}) "
             f"SELECT {', '.join(audit_names)} FROM ok JOIN created c ON c.{task_id_col} = ok.{task_id} "
             "ORDER BY ok.ord_) "
-            f"SELECT ok.ord_, c.{pk}, (SELECT pg_notify('{wakeups.CHANNEL}', '')) "
+            f"SELECT ok.ord_, c.{pk}, {notify_sql()} "
             f"FROM ok JOIN created c ON c.{task_id_col} = ok.{task_id}"
         )
     return found
@@ -222,9 +240,9 @@ async def insert_task(*, task: Task, audit_data: dict[str, Any], fallback_limit:
     params += [db_value(f, getattr(task, f.attname), conn) for f in task_fields]
     params += [db_value(f, getattr(event, f.attname), conn) for f in audit_fields]
     if counted:
-        row = await write_conns.execute_grouped(sql, params, group=task.tenant_id)
+        row = await write_conns.execute_grouped(sql, params, group=task.tenant_id, wakes=check_sql())
     else:
-        row = await write_conns.execute_grouped(sql, params, group=UNCOUNTED, many=_build_many)
+        row = await write_conns.execute_grouped(sql, params, group=UNCOUNTED, many=_build_many, wakes=check_sql())
     if row is None or row[0] is None:
         return False
     task.pk = row[0]

@@ -19,6 +19,10 @@ class WorkerHeartbeat(models.Model):
     #: The process's resident memory and asyncio task count at its last heartbeat (``/metrics``).
     rss_bytes = models.BigIntegerField(default=0)
     asyncio_tasks = models.IntegerField(default=0)
+    #: Whether the worker waits for ``NOTIFY`` wake-ups (it has free slots and found no backlog).
+    #: A creation notifies only while some worker does (:mod:`mcptasks.db.wakeups`); a worker
+    #: whose slots stay full claims as its runs end and sets this false. True for a new row.
+    wants_wakeups = models.BooleanField(default=True, db_default=True)
 
     def __str__(self) -> str:
         return self.worker_id

@@ -37,9 +37,11 @@ from mcptasks.tools.registry import Registry, registry
 from mcptasks.worker import rows
 from mcptasks.worker.backend import WorkerBackend, run_tool
 from mcptasks.worker.dbthread import LeaseThread, db
+from mcptasks.worker.draining import Draining
 from mcptasks.worker.housekeeping import Housekeeping
 from mcptasks.worker.membership import ChannelMembership
 from mcptasks.worker.outcomes import OutcomeWriting
+from mcptasks.worker.wakeup_optin import WakeupOptIn
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +119,12 @@ class Debounced:
             self._pending = None
 
 
-class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
+def _most(before: dict[int, int], after: dict[int, int]) -> dict[int, int]:
+    """Each tenant's runs, the more of ``before`` a claim and ``after`` it (with the runs it took)."""
+    return {t: max(before.get(t, 0), after.get(t, 0)) for t in before.keys() | after.keys()}
+
+
+class Worker(ChannelMembership, Housekeeping, OutcomeWriting, WakeupOptIn, Draining):
     """Runs tools for tasks and plain requests; one instance per worker process (or embedded).
 
     This class is the claim/run loop; its channel-layer membership, housekeeping and outcome
@@ -173,6 +180,8 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
         self._joined_at = 0.0
         #: :func:`tasks_may_wait` after the last claim: only then does a returned run claim at once.
         self._backlog = True
+        self._wants_wakeups: bool | None = None  # see WakeupOptIn
+        self._backlog_since: float | None = None
 
     def _free_slots(self) -> int:
         """Runs it may start: ``concurrency`` less those holding a slot, at most ``WAITING_FACTOR`` times it in all."""
@@ -201,15 +210,21 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
                     await self._maybe_cleanup()
                     await self._maybe_reap()
                     free = min(self._free_slots(), self.max_tasks - self.started if self.max_tasks else 1 << 30)
+                    # The runs per tenant the claim counts against the cap: a tenant at its cap
+                    # then is still capped when its runs return during the claim (read only
+                    # after it, it looked uncapped, and its backlog like an empty queue).
+                    busy = self._busy_by_tenant()
                     claimed = await (self._claimer or db)(self._claim)(
-                        free, running=list(self.running), tenant_running=self._busy_by_tenant()
+                        free, running=list(self.running), tenant_running=busy
                     ) if free > 0 else Claimed()
                     for task in claimed:
                         self._start(task)
-                    self._backlog = tasks_may_wait(asked=free, claimed=claimed, busy=self._busy_by_tenant(),
-                                                   cap=_tenant_cap(self.concurrency))
+                    self._backlog = tasks_may_wait(asked=free, claimed=claimed, cap=_tenant_cap(self.concurrency),
+                                                   busy=_most(busy, self._busy_by_tenant()))
                     if claimed.passed_over and len(claimed) < free:  # look again soon (tasks_may_wait)
                         self.announce()
+                    if notified is not None:
+                        await self._want_wakeups()
                     if self._finished_its_work(claimed):
                         break
                 except Exception:
@@ -252,36 +267,6 @@ class Worker(ChannelMembership, Housekeeping, OutcomeWriting):
         if self.max_tasks is not None and self.started >= self.max_tasks:
             return True
         return self.burst and not claimed and not claimed.passed_over  # rows held by another claim remain
-
-    async def _drain(self, grace: float) -> None:
-        """Let running tools finish within ``grace``; hand the rest back."""
-        if not self.running:
-            return
-        logger.info("worker %s draining %d running tasks (grace %gs)", self.worker_id, len(self.running), grace)
-        _done, pending = await asyncio.wait([t for t, _b, _a in self.running.values()], timeout=grace)
-        handed: list[tuple[str, int]] = []
-        for task_id, (atask, backend, attempt) in list(self.running.items()):
-            if atask not in pending:
-                continue
-            # Whatever the interrupted run does from now on is discarded (ctx.cancelled is True).
-            backend.handed_back = True
-            backend.cancel_flag = True
-            backend.answered.set()
-            tool = self.registry.get_tool(backend.task.tool_name)
-            if tool is not None and not tool.is_async:
-                self.abandoned_threads = True
-            atask.cancel()
-            handed.append((task_id, attempt))
-        if pending:
-            await asyncio.wait(pending, timeout=2)
-        if handed:
-            n = await db(self._release)(handed)
-            self.handed_back_total += n
-            logger.info("worker %s handed back %d tasks", self.worker_id, n)
-
-    def _release(self, handed: list[tuple[str, int]]) -> int:
-        """Release our leases at once; the interrupted attempt does not count against the limit."""
-        return runs.hand_back(worker_id=self.worker_id, runs=handed)
 
     def _claim(self, limit: int, *, running: list[str] | None = None,
                tenant_running: dict[int, int] | None = None) -> Claimed:

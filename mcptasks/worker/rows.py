@@ -29,3 +29,9 @@ def worker_heartbeat(*, worker_id: str, hostname: str, pid: int, concurrency: in
             "asyncio_tasks": asyncio_tasks,
         },
     )
+
+
+def want_wakeups(*, worker_id: str, wants: bool) -> bool:
+    """Set whether the worker asks for NOTIFY wake-ups (:mod:`mcptasks.db.wakeups`), committed on
+    return; False if it has no row (its next heartbeat makes one, asking for them)."""
+    return WorkerHeartbeat.objects.filter(worker_id=worker_id).update(wants_wakeups=wants) > 0

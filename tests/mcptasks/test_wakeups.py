@@ -1,4 +1,6 @@
-"""Worker wake-ups through PostgreSQL: a task created in one statement notifies on commit."""
+"""Worker wake-ups through PostgreSQL: a task created in one statement notifies on commit while a
+worker waits for wake-ups, and never leaves a waiting worker asleep (the ledger's own rules are in
+tests/mcptasks/db/test_wake_ledger.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ from typing import Any
 import pytest
 
 from mcptasks.db import async_sql, wakeups, write_conns
+from mcptasks.models import Task, WorkerHeartbeat
 from mcptasks.streams import signals
 from mcptasks.tasks import creation
-from tenants.selectors import effective_limits
+from mcptasks.worker import rows
+from tenants.selectors import clear_limits_cache, effective_limits
 from tests.support.factories import demo_tool, make_auth, make_session
 from tests.support.requirements import require_postgres
 
@@ -22,6 +26,12 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 def _postgres() -> None:
     require_postgres()
     async_sql._failed_until = 0.0
+
+
+def _worker_row(*, wants: bool, worker_id: str = "w-listening") -> None:
+    """A live worker's row, asking for wake-ups or not."""
+    rows.worker_heartbeat(worker_id=worker_id, hostname="h", pid=1, concurrency=1, running=0)
+    assert rows.want_wakeups(worker_id=worker_id, wants=wants)
 
 
 def _create_while_listening(auth: Any, session: Any) -> tuple[list[float], float]:
@@ -58,6 +68,7 @@ def _create_while_listening(auth: Any, session: Any) -> tuple[list[float], float
 
 def test_a_task_created_in_one_statement_wakes_listening_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     """No channel-layer wake-up is sent: the notification comes with the commit."""
+    _worker_row(wants=True)
     auth = make_auth()
     session = make_session(auth)
     effective_limits(tenant_id=auth.tenant_id)
@@ -66,6 +77,111 @@ def test_a_task_created_in_one_statement_wakes_listening_workers(monkeypatch: py
     assert wakeups.via_postgres()
     woken, _created = _create_while_listening(auth, session)
     assert len(woken) == 1 and layer_wakes == []
+
+
+def test_no_creation_notifies_while_no_worker_waits_for_wake_ups() -> None:
+    """Workers whose slots stay full opt out: a notification would cost the creating commit
+    PostgreSQL's global notify lock for nothing. Only the check after the commit reads the flags."""
+    _worker_row(wants=False)
+    auth = make_auth()
+    session = make_session(auth)
+    effective_limits(tenant_id=auth.tenant_id)
+
+    async def main() -> tuple[list[int], int, bool]:
+        notified: list[int] = []
+        listening = asyncio.Event()
+
+        def on_wake() -> None:
+            notified.append(1)
+            listening.set()
+
+        listener = asyncio.ensure_future(wakeups.listen(on_wake))
+        try:
+            await asyncio.wait_for(listening.wait(), 10)
+            notified.clear()
+            for i in range(3):
+                await creation.acreate_task(auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1},
+                                            request_id=i, progress_token=None)
+            await asyncio.sleep(0.5)
+            return notified, wakeups.ledger().checks, wakeups.ledger().owed()
+        finally:
+            listener.cancel()
+            await write_conns.close()
+            await async_sql.close()
+
+    notified, checks, owed = asyncio.run(main())
+    assert notified == []
+    assert checks >= 1 and not owed  # the last commit was checked after it, and settled
+    assert Task.objects.filter(session_id=session.pk).count() == 3
+
+
+def test_a_worker_that_asks_while_a_creation_runs_is_still_woken() -> None:
+    """The race the ledger closes. The creating statement reads the flags in its snapshot (no
+    worker waits) and then waits for its tenant's row; meanwhile the worker asks for wake-ups
+    and claims, finding nothing, since the task is not committed. The statement then commits
+    without notifying: the process reads the flags again after the commit and wakes the worker."""
+    import psycopg
+
+    from tenants.models import Tenant
+
+    _worker_row(wants=False)
+    auth = make_auth()
+    session = make_session(auth)
+    Tenant.objects.filter(pk=auth.tenant_id).update(max_concurrent_tasks=50)  # counted: takes the row
+    clear_limits_cache()
+    effective_limits(tenant_id=auth.tenant_id)
+    info = async_sql.conninfo()
+
+    async def main() -> tuple[list[float], float, int, int]:
+        loop = asyncio.get_running_loop()
+        woken: list[float] = []
+        listening = asyncio.Event()
+
+        def on_wake() -> None:
+            woken.append(loop.time())
+            listening.set()
+
+        listener = asyncio.ensure_future(wakeups.listen(on_wake))
+        holder = psycopg.connect(**{**info, "autocommit": False})
+        try:
+            await asyncio.wait_for(listening.wait(), 10)
+            woken.clear()
+            holder.execute(f"SELECT 1 FROM {Tenant._meta.db_table} WHERE id = %s FOR NO KEY UPDATE",  # noqa: S608
+                           [auth.tenant_id])
+            creating = asyncio.ensure_future(creation.acreate_task(
+                auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1}, request_id=1,
+                progress_token=None))
+            with psycopg.connect(**{**info, "autocommit": True}) as worker:
+                for _ in range(500):  # until the statement waits for the row (its snapshot taken)
+                    if worker.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                      "AND datname = current_database()").fetchone() == (1,):
+                        break
+                    await asyncio.sleep(0.01)
+                else:
+                    raise AssertionError("the creation never waited for the tenant's row")
+                # The worker asks for wake-ups (committed), then claims: nothing is committed yet.
+                worker.execute(f"UPDATE {WorkerHeartbeat._meta.db_table} SET wants_wakeups = true")  # noqa: S608
+                claimable = worker.execute(f"SELECT count(*) FROM {Task._meta.db_table} "  # noqa: S608
+                                           "WHERE session_id = %s", [session.pk]).fetchone()
+            holder.rollback()
+            await asyncio.wait_for(creating, 10)
+            created = loop.time()
+            for _ in range(200):
+                if woken:
+                    break
+                await asyncio.sleep(0.01)
+            assert claimable is not None
+            return woken, created, wakeups.ledger().checks, int(claimable[0])
+        finally:
+            holder.close()
+            listener.cancel()
+            await write_conns.close()
+            await async_sql.close()
+
+    woken, created, checks, claimable = asyncio.run(main())
+    assert claimable == 0
+    assert len(woken) == 1 and woken[0] >= created
+    assert checks == 1  # by the check: the statement did not notify, it had not seen the worker ask
 
 
 def test_behind_a_transaction_pooler_workers_do_not_listen() -> None:

@@ -151,10 +151,10 @@ def test_a_shared_batch_is_one_statement_with_every_audit_event(monkeypatch: pyt
     sizes: list[int] = []
     real = write_conns._run_batch
 
-    async def counted(sql: str, items: Any, many: Any = None) -> Any:
+    async def counted(sql: str, items: Any, many: Any = None, wakes: bool = False) -> Any:
         if many is not None and len(items) > 1:
             sizes.append(len(items))
-        return await real(sql, items, many)
+        return await real(sql, items, many, wakes)
 
     monkeypatch.setattr(write_conns, "_run_batch", counted)
     one, other = make_auth(), make_auth()

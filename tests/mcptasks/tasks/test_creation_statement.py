@@ -231,7 +231,7 @@ def test_a_broken_connection_fails_an_unkeyed_creation_instead_of_repeating_it(
     session = make_session(auth)
     effective_limits(tenant_id=auth.tenant_id)
 
-    async def broken(sql: str, params: Any) -> Any:
+    async def broken(sql: str, params: Any, **_kw: Any) -> Any:
         raise async_sql.Unavailable
 
     monkeypatch.setattr(write_conns, "execute", broken)

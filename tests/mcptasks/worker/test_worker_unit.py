@@ -617,3 +617,79 @@ async def test_a_claim_that_passed_over_rows_with_slots_free_looks_again(
     monkeypatch.setattr(burst, "_listen", no_wakeups)
     await asyncio.wait_for(burst.run(asyncio.Event()), 20)
     assert claims == [4, 4, 4, 4]
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_worker_opts_out_of_wake_ups_while_its_slots_stay_full_and_back_in_when_the_queue_empties(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 27: every notifying commit takes PostgreSQL's global notify lock, so a worker whose
+    claims keep finding a backlog stops asking (mcptasks.db.wakeups). It asks again after the
+    first claim that leaves the queue empty, and claims once more at once: a creation that read
+    the flags before it asked is then either seen by that claim or checked after its commit."""
+    from asgiref.sync import sync_to_async
+
+    from mcptasks.models import WorkerHeartbeat
+    from mcptasks.worker import rows
+    from mcptasks.worker import wakeup_optin as worker_loop
+
+    w = Worker(concurrency=2, worker_id="w-wants", registry_=reg, run_cleanup=False)
+    await sync_to_async(rows.worker_heartbeat)(worker_id="w-wants", hostname="h", pid=1, concurrency=2, running=0)
+
+    async def asks() -> bool:
+        return await sync_to_async(lambda: WorkerHeartbeat.objects.get(pk="w-wants").wants_wakeups)()
+
+    assert await asks()  # a new worker asks
+    w._backlog = True
+    await w._want_wakeups()
+    assert await asks()  # a backlog only just found
+    monkeypatch.setattr(worker_loop, "WAKEUP_OPT_OUT_S", 0.0)
+    await w._want_wakeups()
+    assert not await asks()
+    w.wake.clear()
+    w._backlog = False
+    await w._want_wakeups()
+    assert await asks() and w.wake.is_set()
+    w.wake.clear()
+    await w._want_wakeups()  # already asking: nothing written, no extra claim
+    assert not w.wake.is_set()
+    # A row removed under it (the cleanup of a worker it took for dead) is written again.
+    await sync_to_async(WorkerHeartbeat.objects.filter(pk="w-wants").delete)()
+    w._backlog = True
+    await w._want_wakeups()
+    assert w._wants_wakeups is None
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_tenant_at_its_cap_when_claimed_stays_a_backlog_though_its_runs_return_meanwhile(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    """Issue 27: with one tenant holding the tenant cap, a claim gets nothing of its tasks. If
+    the tenant's runs returned while the claim ran, the worker read its runs again, found the
+    tenant under the cap, and took the tenant's backlog for an empty queue: it stopped claiming
+    as runs returned and asked for NOTIFY wake-ups, flapping every few seconds under load.
+    The cap is now judged by the runs the claim counted."""
+    from mcptasks.db import wakeups
+    from mcptasks.models import Claimed
+
+    settings.MCPTASKS = {**settings.MCPTASKS, "WORKER_POLL_S": 30, "WORKER_TENANT_RESERVED_SLOTS": 1}
+    w = Worker(concurrency=8, worker_id="w-capped", registry_=reg, run_cleanup=False)
+    stop = asyncio.Event()
+    counted: list[dict[int, int]] = []
+    readings = iter([{7: 7}])  # when the claim starts: tenant 7 holds 7 of 8 slots, its cap
+
+    def claim(limit: int, **kw: Any) -> Claimed:
+        counted.append(kw["tenant_running"])
+        stop.set()
+        return Claimed()  # the tenant is capped: nothing, and no row passed over
+
+    async def no_wakeups() -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(w, "_busy_by_tenant", lambda: next(readings, {}))  # its runs have returned since
+    monkeypatch.setattr(w, "_claim", claim)
+    monkeypatch.setattr(w, "_listen", no_wakeups)
+    monkeypatch.setattr(wakeups, "via_postgres", lambda: False)
+    await asyncio.wait_for(w.run(stop), 20)
+    assert counted == [{7: 7}]
+    assert w._backlog  # the capped tenant's tasks still wait: a returned run claims again
