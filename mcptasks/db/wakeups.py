@@ -13,8 +13,8 @@ A notification is not free: PostgreSQL serialises every notifying commit on one 
 through its WAL flush, and wakes every listener. It is only sent while some worker waits for
 one (:attr:`~mcptasks.models.WorkerHeartbeat.wants_wakeups`: it has free slots and its last
 claim found the queue empty). A worker whose slots stay full claims as its runs end and opts out;
-under creation load then no statement notifies (issue 27: 13 % more creations a second and a
-lower tail on two cores, ``bench/RESULTS.md``).
+under creation load then no statement notifies (issue 27: 8.5 % more creations a second at 50
+clients on two cores, ``bench/RESULTS.md``).
 
 That check must not lose a wake-up. A worker that opts back in commits the flag and then claims
 again; a creating statement reads the flag in its own snapshot, taken before it commits. If the

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -34,22 +35,35 @@ def _worker_row(*, wants: bool, worker_id: str = "w-listening") -> None:
     assert rows.want_wakeups(worker_id=worker_id, wants=wants)
 
 
+@contextlib.asynccontextmanager
+async def _listening() -> AsyncIterator[list[float]]:
+    """A worker's listener, once it listens: yields the times of the wake-ups that arrive (the
+    first call, made on connecting, left out); on leaving, this loop's connections are closed."""
+    loop = asyncio.get_running_loop()
+    woken: list[float] = []
+    connected = asyncio.Event()
+
+    def on_wake() -> None:
+        woken.append(loop.time())
+        connected.set()
+
+    listener = asyncio.ensure_future(wakeups.listen(on_wake))
+    try:
+        await asyncio.wait_for(connected.wait(), 10)
+        woken.clear()
+        yield woken
+    finally:
+        listener.cancel()
+        await write_conns.close()
+        await async_sql.close()
+
+
 def _create_while_listening(auth: Any, session: Any) -> tuple[list[float], float]:
     """(when each wake-up arrived, when the creation returned), on one event loop."""
 
     async def main() -> tuple[list[float], float]:
         loop = asyncio.get_running_loop()
-        woken: list[float] = []
-        connected = asyncio.Event()
-
-        def on_wake() -> None:
-            woken.append(loop.time())
-            connected.set()
-
-        listener = asyncio.ensure_future(wakeups.listen(on_wake))
-        try:
-            await asyncio.wait_for(connected.wait(), 10)  # the first call: listening
-            woken.clear()
+        async with _listening() as woken:
             await creation.acreate_task(auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1},
                                         request_id=1, progress_token=None)
             created = loop.time()
@@ -58,10 +72,6 @@ def _create_while_listening(auth: Any, session: Any) -> tuple[list[float], float
                     break
                 await asyncio.sleep(0.01)
             return woken, created
-        finally:
-            listener.cancel()
-            await write_conns.close()
-            await async_sql.close()
 
     return asyncio.run(main())
 
@@ -87,27 +97,13 @@ def test_no_creation_notifies_while_no_worker_waits_for_wake_ups() -> None:
     session = make_session(auth)
     effective_limits(tenant_id=auth.tenant_id)
 
-    async def main() -> tuple[list[int], int, bool]:
-        notified: list[int] = []
-        listening = asyncio.Event()
-
-        def on_wake() -> None:
-            notified.append(1)
-            listening.set()
-
-        listener = asyncio.ensure_future(wakeups.listen(on_wake))
-        try:
-            await asyncio.wait_for(listening.wait(), 10)
-            notified.clear()
+    async def main() -> tuple[list[float], int, bool]:
+        async with _listening() as woken:
             for i in range(3):
                 await creation.acreate_task(auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1},
                                             request_id=i, progress_token=None)
             await asyncio.sleep(0.5)
-            return notified, wakeups.ledger().checks, wakeups.ledger().owed()
-        finally:
-            listener.cancel()
-            await write_conns.close()
-            await async_sql.close()
+            return woken, wakeups.ledger().checks, wakeups.ledger().owed()
 
     notified, checks, owed = asyncio.run(main())
     assert notified == []
@@ -134,49 +130,37 @@ def test_a_worker_that_asks_while_a_creation_runs_is_still_woken() -> None:
 
     async def main() -> tuple[list[float], float, int, int]:
         loop = asyncio.get_running_loop()
-        woken: list[float] = []
-        listening = asyncio.Event()
-
-        def on_wake() -> None:
-            woken.append(loop.time())
-            listening.set()
-
-        listener = asyncio.ensure_future(wakeups.listen(on_wake))
-        holder = psycopg.connect(**{**info, "autocommit": False})
+        holder = psycopg.connect(**{**info, "autocommit": False})  # holds the tenant's row
         try:
-            await asyncio.wait_for(listening.wait(), 10)
-            woken.clear()
-            holder.execute(f"SELECT 1 FROM {Tenant._meta.db_table} WHERE id = %s FOR NO KEY UPDATE",  # noqa: S608
-                           [auth.tenant_id])
-            creating = asyncio.ensure_future(creation.acreate_task(
-                auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1}, request_id=1,
-                progress_token=None))
-            with psycopg.connect(**{**info, "autocommit": True}) as worker:
-                for _ in range(500):  # until the statement waits for the row (its snapshot taken)
-                    if worker.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                      "AND datname = current_database()").fetchone() == (1,):
+            async with _listening() as woken:
+                holder.execute(f"SELECT 1 FROM {Tenant._meta.db_table} WHERE id = %s FOR NO KEY UPDATE",  # noqa: S608
+                               [auth.tenant_id])
+                creating = asyncio.ensure_future(creation.acreate_task(
+                    auth=auth, session=session, tool=demo_tool(), arguments={"ms": 1}, request_id=1,
+                    progress_token=None))
+                with psycopg.connect(**{**info, "autocommit": True}) as worker:
+                    for _ in range(500):  # until the statement waits for the row (its snapshot taken)
+                        if worker.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                          "AND datname = current_database()").fetchone() == (1,):
+                            break
+                        await asyncio.sleep(0.01)
+                    else:
+                        raise AssertionError("the creation never waited for the tenant's row")
+                    # The worker asks for wake-ups (committed), then claims: nothing is committed yet.
+                    worker.execute(f"UPDATE {WorkerHeartbeat._meta.db_table} SET wants_wakeups = true")  # noqa: S608
+                    claimable = worker.execute(f"SELECT count(*) FROM {Task._meta.db_table} "  # noqa: S608
+                                               "WHERE session_id = %s", [session.pk]).fetchone()
+                holder.rollback()
+                await asyncio.wait_for(creating, 10)
+                created = loop.time()
+                for _ in range(200):
+                    if woken:
                         break
                     await asyncio.sleep(0.01)
-                else:
-                    raise AssertionError("the creation never waited for the tenant's row")
-                # The worker asks for wake-ups (committed), then claims: nothing is committed yet.
-                worker.execute(f"UPDATE {WorkerHeartbeat._meta.db_table} SET wants_wakeups = true")  # noqa: S608
-                claimable = worker.execute(f"SELECT count(*) FROM {Task._meta.db_table} "  # noqa: S608
-                                           "WHERE session_id = %s", [session.pk]).fetchone()
-            holder.rollback()
-            await asyncio.wait_for(creating, 10)
-            created = loop.time()
-            for _ in range(200):
-                if woken:
-                    break
-                await asyncio.sleep(0.01)
-            assert claimable is not None
-            return woken, created, wakeups.ledger().checks, int(claimable[0])
+                assert claimable is not None
+                return woken, created, wakeups.ledger().checks, int(claimable[0])
         finally:
             holder.close()
-            listener.cancel()
-            await write_conns.close()
-            await async_sql.close()
 
     woken, created, checks, claimable = asyncio.run(main())
     assert claimable == 0
