@@ -21,8 +21,8 @@ again; a creating statement reads the flag in its own snapshot, taken before it 
 statement saw no waiting worker, the worker's flag committed after that snapshot, but the claim
 that followed may still have run before the statement's commit: neither saw the other. So a
 statement that commits a task without notifying leaves a debt (:class:`WakeLedger`), paid by
-the next creating statement sent after it commits, or, if none is sent at once, by a
-:data:`CHECK_SQL` of its own: whichever reads the flags after the commit either sees the
+the next creating statement sent after it commits, or, if none is sent soon, by a check
+statement of its own: whichever reads the flags after the commit either sees the
 waiting worker and notifies, or proves that the worker's flag (and so its claim) came after the
 commit, and the claim saw the task. Under load the next batch pays, and nothing more is sent.
 

@@ -53,4 +53,5 @@ class WakeupOptIn:
         if self._wants_wakeups is not True:
             written = await (self._claimer or db)(rows.want_wakeups)(worker_id=self.worker_id, wants=True)
             self._wants_wakeups = True if written else None
-            self.wake.set()  # claim again, now that every later creation sees the flag
+            if written:  # without a row (its heartbeat makes one), the poll claims: no spinning
+                self.wake.set()  # claim again, now that every later creation sees the flag

@@ -658,6 +658,10 @@ async def test_a_worker_opts_out_of_wake_ups_while_its_slots_stay_full_and_back_
     w._backlog = True
     await w._want_wakeups()
     assert w._wants_wakeups is None
+    w._backlog = False
+    w.wake.clear()
+    await w._want_wakeups()
+    assert w._wants_wakeups is None and not w.wake.is_set()  # no claim loop spinning on a missing row
 
 
 @pytest.mark.django_db(transaction=True)
