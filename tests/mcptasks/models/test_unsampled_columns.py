@@ -1,4 +1,5 @@
-"""The task and audit tables' payload columns are left out of ANALYZE on PostgreSQL (migration 0015)."""
+"""ANALYZE on PostgreSQL: the task and audit tables' payload columns are left out (migration 0015) and
+the others sampled with a smaller target (migration 0016)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from tests.support.requirements import require_postgres
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 
 UNSAMPLED = importlib.import_module("mcptasks.migrations.0015_unsampled_columns").UNSAMPLED
+TARGET = importlib.import_module("mcptasks.migrations.0016_smaller_analyze_sample").TARGET
 
 
 @pytest.fixture(autouse=True)
@@ -32,11 +34,19 @@ def _targets(table: str) -> dict[str, int]:
 def test_payload_columns_are_not_sampled_and_the_filtered_ones_are(table: str) -> None:
     targets = _targets(table)
     assert {column: targets[column] for column in UNSAMPLED[table]} == dict.fromkeys(UNSAMPLED[table], 0)
-    # Every column a query narrows by keeps its statistics.
+    # Every column a query narrows by keeps its statistics, from the smaller sample.
     kept = {"mcptasks_task": ("status", "tenant_id", "principal_id", "session_id", "lease_expires_at", "kind",
                               "expires_at", "created_at", "tool_name"),
             "mcptasks_auditevent": ("tenant_id", "task_id", "action", "created_at", "chain", "sealed_at")}[table]
-    assert {column: targets[column] for column in kept} == dict.fromkeys(kept, -1)
+    assert {column: targets[column] for column in kept} == dict.fromkeys(kept, TARGET)
+
+
+@pytest.mark.parametrize("table", sorted(UNSAMPLED))
+def test_no_column_brings_back_the_large_sample(table: str) -> None:
+    # ANALYZE samples 300 rows per unit of the largest target: one column at the default (a
+    # field added without its own migration statement, see migration 0016) makes it 30,000.
+    at_default = sorted(column for column, target in _targets(table).items() if target < 0 or target > TARGET)
+    assert at_default == [], f"set a statistics target ({TARGET} or 0) for {at_default} in a migration"
 
 
 def test_analyze_skips_them() -> None:
