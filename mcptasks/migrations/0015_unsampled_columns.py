@@ -2,8 +2,8 @@
 
 ANALYZE samples up to 30,000 rows of a table and, for every column, sorts the sample and counts
 its common values. For the task and audit tables much of that work went into JSON payloads, hashes
-and identifiers that no plan needs statistics for. Skipping them took an ANALYZE of 62,000 tasks
-from 0.21 to 0.12 s of one core and one of 100,000 audit events from 0.17 to 0.09 s (issue 27:
+and identifiers that no plan needs statistics for. Skipping them took an ANALYZE of about 62,000 tasks
+from 0.21 to 0.12 s of one core and one of about 100,000 audit events from 0.17 to 0.09 s (issue 27:
 autovacuum analyzes both tables after every tenth of their size in changes, and on a host the
 web processes share, each pass showed in the creation tail). A statistics target of 0 skips the
 column; the planner then uses its default estimates for it, which no query here depends on:
